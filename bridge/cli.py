@@ -1,0 +1,192 @@
+"""The `qbridge` command: demo, init, migrate, sync, verify, status (contract in GUIDE.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import exc as sa_exc
+
+from bridge.config import Config, load_config
+from bridge.errors import BridgeError
+from bridge.pipeline.loop import JobRunner, PassStats
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qbridge", description="Moves legacy queue messages into NServiceBus SQL-transport tables, exactly once.")
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log lines on stderr (default WARNING; sync and run use INFO)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help_: str, config: bool = True, job: bool = True) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_, description=help_)
+        if config:
+            c.add_argument("-c", "--config", required=True, help="config file (TOML)")
+        if job:
+            c.add_argument("--job", help="only this job (default: every job in the config)")
+        return c
+
+    d = cmd("demo", "build SQLite legacy databases with sample data, migrate them into an NServiceBus-shaped SQLite target, print what moved", config=False, job=False)
+    d.add_argument("--dir", help="keep the demo databases and config here (default: a temporary directory)")
+    i = cmd("init", "create the target queue, delayed, subscription, error and state tables that are missing")
+    i.add_argument("--print-sql", action="store_true", help="print the DDL for a DBA instead of running it")
+    m = cmd("migrate", "bulk migration of everything the legacy queues hold now")
+    m.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    s = cmd("sync", "one incremental pass over every queue of the job(s)")
+    s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
+    s.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
+    v = cmd("verify", "reconcile source rows with delivered / skipped / quarantined; exit 1 if they do not balance")
+    v.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
+    st.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    level = args.log_level
+    if args.command == "sync" and level == "WARNING":
+        level = "INFO"
+    logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    handler: Callable[[argparse.Namespace], int] = globals()[f"cmd_{args.command}"]
+    try:
+        return handler(args)
+    except BridgeError as e:
+        err.print(f"qbridge: {'config error' if e.exit_code == 2 else 'error'}: {e}", markup=False, highlight=False)
+        return e.exit_code
+    except sa_exc.SQLAlchemyError as e:
+        first = str(getattr(e, "orig", None) or e).strip().splitlines()
+        err.print(f"qbridge: database error: {first[0] if first else type(e).__name__}", markup=False, highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        err.print("qbridge: interrupted")
+        return 130
+
+
+def _runners(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:
+    config = load_config(args.config)
+    return config, [JobRunner(config, job) for job in config.select(getattr(args, "job", None))]
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from bridge import provision
+
+    config = load_config(args.config)
+    plans = provision.plan(config, config.select(args.job))
+    for p in plans:
+        if args.print_sql:
+            out.print(f"-- target {p.connection!r}, flavor {p.tables.flavor}, schema {p.tables.schema}", markup=False, highlight=False)
+            for stmt in provision.ddl(p):
+                sep = "\nGO" if p.tables.backend == "mssql" else ";"
+                out.print(stmt + sep + "\n", markup=False, highlight=False)
+            continue
+        created, existing = provision.create_missing(p)
+        out.print(f"target {p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
+                  f"{len(existing)} already existed and were left alone", markup=False, highlight=False)
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from bridge.retry import with_backoff
+
+    _, runners = _runners(args)
+    totals: list[PassStats] = []
+    for runner in runners:
+        with_backoff(runner.check, f"job {runner.job.name}: checking tables", attempts=args.retries)
+        with_backoff(runner.sync_subscriptions, f"job {runner.job.name}: subscriptions", attempts=args.retries)
+        for queue in runner.sources:
+            stats = with_backoff(lambda q=queue, r=runner: r.drain(q), f"job {runner.job.name} queue {queue}", attempts=args.retries)
+            totals.append(_named(stats, runner.job.name))
+    _summary(totals)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from bridge.pipeline.inprocess import migrate
+
+    config, runners = _runners(args)
+    totals = migrate(runners, console=err, master=args.master)
+    _summary(totals)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from bridge.reconcile import verify
+
+    _, runners = _runners(args)
+    books = [verify(r) for r in runners]
+    if args.json:
+        sys.stdout.write(orjson.dumps({"balanced": all(b.balanced for b in books), "jobs": [b.to_json() for b in books]}).decode() + "\n")
+    else:
+        t = Table(title="qbridge verify")
+        for col in ("job", "queue", "source rows", "delivered", "skipped", "quarantined", "pending", "missing", "backlog", "balanced"):
+            t.add_column(col, justify="left" if col in ("job", "queue") else "right")
+        for b in books:
+            for q in b.queues:
+                t.add_row(b.job, q.queue, str(q.source_rows), str(q.delivered), str(q.skipped), str(q.quarantined),
+                          str(q.pending), str(q.missing), str(q.backlog), "yes" if q.balanced else "NO")
+        out.print(t)
+        for b in books:
+            for q in b.queues:
+                if q.missing_keys:
+                    out.print(f"job {b.job} queue {q.queue}: missing source keys {', '.join(q.missing_keys)}", markup=False)
+            for s in b.unroutable_subscriptions:
+                out.print(f"job {b.job}: subscription not migrated: {s['endpoint']} -> {s['topic']} ({s['reason']})", markup=False)
+    return 0 if all(b.balanced for b in books) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from bridge.reconcile import status
+
+    _, runners = _runners(args)
+    rows = [status(r) for r in runners]
+    if args.json:
+        sys.stdout.write(orjson.dumps({"jobs": rows}).decode() + "\n")
+        return 0
+    t = Table(title="qbridge status")
+    for col in ("job", "mode", "last run", "rows moved", "lag", "backlog", "quarantined"):
+        t.add_column(col)
+    for r in rows:
+        lag = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}s"
+        backlog = "?" if r["backlog"] is None else str(r["backlog"])
+        t.add_row(r["job"], r["mode"], r["last_run"] or "never", str(r["rows_moved"]), lag, backlog, str(r["quarantined"]))
+    out.print(t)
+    for r in rows:
+        if r["source_error"]:
+            out.print(f"job {r['job']}: legacy database unreachable, backlog unknown: {r['source_error']}", markup=False)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from bridge.demo import run_demo
+
+    return run_demo(args.dir, out)
+
+
+def _named(stats: PassStats, job: str) -> PassStats:
+    stats.queue = f"{job}/{stats.queue}"
+    return stats
+
+
+def _summary(totals: list[PassStats]) -> None:
+    t = Table(title="qbridge summary")
+    for col in ("job/queue", "read", "delivered", "skipped", "quarantined", "already there", "consumed", "open gaps", "rows/s"):
+        t.add_column(col, justify="left" if col == "job/queue" else "right")
+    for s in totals:
+        rate = f"{s.read / s.seconds:,.0f}" if s.seconds > 0 else "-"
+        t.add_row(s.queue, str(s.read), str(s.delivered), str(s.skipped), str(s.quarantined), str(s.already),
+                  str(s.consumed), str(s.gaps_open), rate)
+    out.print(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

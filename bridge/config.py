@@ -1,0 +1,196 @@
+"""The config file: connections and jobs, with `${NAME}` expansion and masked secrets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy.engine import make_url
+
+from bridge.errors import ConfigError
+from bridge.identifiers import check_name
+from bridge.mapping import Mapping, load_mapping
+from bridge.settings_io import expand_env, read_toml, validate
+from bridge.timefmt import parse_duration, zone
+
+SYSTEMS = ("nginn", "openjms", "biztalk")
+
+
+class SourceConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    system: Literal["nginn", "openjms", "biztalk"]
+    connection: str
+    queues: list[str] = Field(min_length=1)
+    timezone: str | None = None
+    database: str | None = None  # identity used in message ids; defaults to the URL's database
+    schema_: str | None = Field(default=None, alias="schema")
+
+    @field_validator("queues")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for q in value:
+            check_name(q, "queue name")
+        if len(set(value)) != len(value):
+            raise ValueError("a queue is listed twice")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            zone(value)
+        return value
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value, "schema")
+
+
+class TargetConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    connection: str
+    flavor: Literal["postgresql", "sqlserver"]
+    schema_: str | None = Field(default=None, alias="schema")
+    error_queue: str = "error"
+    audit_queue: str = "audit"
+    # SQL Server transport addresses are `queue@[schema]@[catalog]`; defaults to the URL's database.
+    catalog: str | None = None
+
+    @field_validator("schema_", "error_queue", "audit_queue", "catalog")
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value, "name")
+
+    @property
+    def schema_name(self) -> str:
+        return self.schema_ or ("public" if self.flavor == "postgresql" else "dbo")
+
+
+class Schedule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    every: str | None = None
+    cron: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Schedule:
+        if (self.every is None) == (self.cron is None):
+            raise ValueError("give exactly one of 'every' (e.g. \"5s\") or 'cron' (e.g. \"*/5 * * * *\")")
+        if self.every is not None:
+            parse_duration(self.every)
+        return self
+
+
+class JobConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    source: SourceConfig
+    target: TargetConfig
+    mapping: str
+    mode: Literal["copy", "move"] = "copy"
+    schedule: Schedule | None = None
+    batch_size: int = Field(default=1000, ge=1, le=2000)
+    # How long an id gap may stay open before qbridge stops waiting for a late commit.
+    late_commit_window: str = "15m"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_name(value, "job name")
+
+    @field_validator("late_commit_window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def window_seconds(self) -> float:
+        return parse_duration(self.late_commit_window)
+
+
+class ConfigFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    connections: dict[str, str]
+    jobs: list[JobConfig] = Field(min_length=1)
+
+    def problems(self) -> list[str]:
+        """Cross-references pydantic cannot check field by field."""
+        problems = []
+        names = [j.name for j in self.jobs]
+        for dup in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"job name {dup!r} is used twice")
+        for i, job in enumerate(self.jobs):
+            for side, conn in (("source", job.source.connection), ("target", job.target.connection)):
+                if conn not in self.connections:
+                    problems.append(f"jobs[{i}].{side}.connection: {conn!r} is not in [connections] ({', '.join(self.connections) or 'none defined'})")
+            if job.source.system == "nginn" and job.source.timezone is None:
+                problems.append(f"jobs[{i}].source.timezone: required for nginn (NGinn stores server-local times); give the legacy server's IANA zone, e.g. \"Europe/Warsaw\"")
+        for name, url in self.connections.items():
+            try:
+                make_url(url)
+            except Exception:
+                problems.append(f"connections.{name}: not a SQLAlchemy URL (expected e.g. postgresql+psycopg://host/db)")
+        return problems
+
+
+class Config:
+    """A loaded config: the validated file, its mappings, and where it lives."""
+
+    def __init__(self, path: Path, data: ConfigFile, mappings: dict[str, Mapping]) -> None:
+        self.path = path
+        self.connections = data.connections
+        self.jobs = data.jobs
+        self._mappings = mappings
+
+    def mapping(self, job: JobConfig) -> Mapping:
+        return self._mappings[job.name]
+
+    def job(self, name: str) -> JobConfig:
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise ConfigError(str(self.path), [f"no job named {name!r} (jobs: {', '.join(j.name for j in self.jobs)})"])
+
+    def select(self, name: str | None) -> list[JobConfig]:
+        return [self.job(name)] if name else list(self.jobs)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ***, safe for logs and output."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable URL>"
+
+
+def load_config(path: str | Path) -> Config:
+    """Reads, expands and validates a config file and every mapping it names."""
+    path = Path(path)
+    raw = expand_env(read_toml(path), str(path))
+    data = validate(ConfigFile, raw, str(path))
+    if problems := data.problems():
+        raise ConfigError(str(path), problems)
+    mappings = {}
+    for i, job in enumerate(data.jobs):
+        mapping_path = resolve_relative(path, job.mapping)
+        if mapping_path is None:
+            raise ConfigError(str(path), [f"jobs[{i}].mapping: file {job.mapping!r} not found (looked beside the config file and in the current directory)"])
+        mappings[job.name] = load_mapping(mapping_path)
+    return Config(path, data, mappings)
+
+
+def resolve_relative(config_path: Path, name: str) -> Path | None:
+    p = Path(name)
+    if p.is_absolute():
+        return p if p.exists() else None
+    for candidate in (config_path.parent / p, Path.cwd() / p):
+        if candidate.exists():
+            return candidate
+    return None

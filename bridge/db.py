@@ -1,0 +1,103 @@
+"""Engines, per-dialect fast paths, and turning driver errors into qbridge errors."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from bridge.config import mask_url
+from bridge.errors import BridgeError, RetryableError
+
+# SQLSTATE classes/codes that mean "the same statement can succeed later".
+_RETRYABLE_SQLSTATES = ("08", "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "HYT00", "HYT01", "53300")
+_RETRYABLE_MESSAGES = re.compile(
+    r"deadlock|lock wait timeout|lock request time out|could not connect|connection refused|"
+    r"server closed the connection|terminating connection|connection (is )?closed|"
+    r"can't connect|lost connection|gone away|database is locked|timeout expired|the database system is",
+    re.IGNORECASE,
+)
+
+
+_ENGINES: dict[str, sa.Engine] = {}
+
+
+def engine_for(url: str) -> sa.Engine:
+    """One engine per URL per process, with the bulk options of its driver."""
+    if url in _ENGINES:
+        return _ENGINES[url]
+    parsed = sa.engine.make_url(url)
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if parsed.drivername == "mssql+pyodbc":
+        # pyodbc's array binding: one round trip per batch instead of one per row.
+        kwargs["fast_executemany"] = True
+    if parsed.get_backend_name() == "sqlite":
+        kwargs.pop("pool_pre_ping")
+        kwargs["connect_args"] = {"timeout": 30}
+    if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
+        kwargs["pool_size"] = 2
+    engine = _ENGINES[url] = sa.create_engine(url, **kwargs)
+    if parsed.get_backend_name() == "sqlite":
+        _sqlite_immediate(engine)
+    return engine
+
+
+def _sqlite_immediate(engine: sa.Engine) -> None:
+    """Every SQLite transaction takes the write lock up front (BEGIN IMMEDIATE).
+
+    With pysqlite's deferred BEGIN, two processes that both read and then write deadlock on
+    the lock upgrade and one gets "database is locked" at once; IMMEDIATE makes them queue.
+    """
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def dispose_all() -> None:
+    """Forgets pooled connections (after a fork, or in tests)."""
+    for engine in _ENGINES.values():
+        engine.dispose()
+    _ENGINES.clear()
+
+
+def is_retryable(error: BaseException) -> bool:
+    """True for a database that is down or restarting, a deadlock, a lock or statement timeout."""
+    if isinstance(error, RetryableError):
+        return True
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)):
+        return True
+    if isinstance(error, sa_exc.DBAPIError):
+        state = sqlstate(error)
+        if state and state.startswith(_RETRYABLE_SQLSTATES):
+            return True
+        return bool(_RETRYABLE_MESSAGES.search(str(error.orig)))
+    return isinstance(error, (ConnectionError, TimeoutError))
+
+
+def sqlstate(error: sa_exc.DBAPIError) -> str | None:
+    orig = error.orig
+    for attr in ("sqlstate", "pgcode"):
+        value = getattr(orig, attr, None)
+        if isinstance(value, str):
+            return value
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], str) and re.fullmatch(r"[0-9A-Z]{5}", args[0]):
+        return args[0]  # pyodbc puts the SQLSTATE first
+    return None
+
+
+def describe(error: BaseException, name: str, url: str) -> BridgeError:
+    """A one-line, password-free error for a failure talking to database `name`."""
+    detail = str(getattr(error, "orig", None) or error).strip().splitlines()
+    first = detail[0] if detail else type(error).__name__
+    text = f"database {name!r} ({mask_url(url)}): {first}"
+    return RetryableError(text) if is_retryable(error) else BridgeError(text)

@@ -1,0 +1,125 @@
+"""`qbridge demo`: a legacy SQLite database with sample data, migrated into an NServiceBus-shaped one."""
+
+from __future__ import annotations
+
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import sqlalchemy as sa
+from rich.console import Console
+from rich.table import Table
+
+from bridge import provision
+from bridge.config import load_config
+from bridge.db import dispose_all, engine_for
+from bridge.pipeline.inprocess import migrate
+from bridge.pipeline.loop import JobRunner
+from bridge.reconcile import verify
+from bridge.samples import create_nginn_queue, create_nginn_subscriptions, demo_rows
+
+MAPPING = """\
+[routes]
+"MQueue1" = "Orders"
+"MQueue2" = "Billing"
+"Sender"  = "Sales"
+"*"       = "Unrouted"
+
+[headers.rename]
+"_NG-ReplyTo" = "NServiceBus.ReplyToAddress"
+
+[headers.set]
+"NServiceBus.OriginatingEndpoint" = "Legacy.{queue}"
+
+[headers.drop]
+names = ["_NG-Seq*"]
+
+[types]
+"Orders.PlaceOrder, Orders" = "Orders.Messages.PlaceOrder, Orders.Messages"
+
+[states]
+ready = "queue"
+delayed = "delayed"
+failed = "error"
+processed = "skip"
+"""
+
+CONFIG = """\
+[connections]
+legacy = "sqlite:///{legacy}"
+nsb    = "sqlite:///{nsb}"
+
+[[jobs]]
+name     = "nginn-orders"
+source   = {{ system = "nginn", connection = "legacy", queues = ["MQueue1", "MQueue2"], timezone = "Europe/Warsaw" }}
+target   = {{ connection = "nsb", flavor = "postgresql" }}
+mapping  = "nginn-demo.toml"
+mode     = "copy"
+schedule = {{ every = "5s" }}
+"""
+
+
+def build(directory: Path) -> Path:
+    """Writes the legacy database, the mapping and the config; returns the config's path."""
+    legacy, nsb = directory / "legacy-nginn.db", directory / "nservicebus.db"
+    for p in (legacy, nsb):
+        p.unlink(missing_ok=True)
+    (directory / "nginn-demo.toml").write_text(MAPPING)
+    config = directory / "demo.toml"
+    config.write_text(CONFIG.format(legacy=legacy.as_posix(), nsb=nsb.as_posix()))
+    engine = sa.create_engine(f"sqlite:///{legacy.as_posix()}")
+    now = datetime.now(ZoneInfo("Europe/Warsaw")).replace(microsecond=0, tzinfo=None)  # NGinn writes local time
+    queues = {q: create_nginn_queue(engine, q) for q in ("MQueue1", "MQueue2")}
+    subs = create_nginn_subscriptions(engine)
+    with engine.begin() as conn:
+        for queue, t in queues.items():
+            conn.execute(t.insert(), demo_rows(queue, now, count=20 if queue == "MQueue1" else 5))
+        conn.execute(subs.insert(), [
+            {"publisher_endpoint": "sql://db/MQueue1", "subscriber_endpoint": "sql://db/MQueue2",
+             "message_type": "Orders.PlaceOrder", "created_date": now, "expiration_date": None},
+        ])
+    engine.dispose()
+    return config
+
+
+def run_demo(directory: str | None, console: Console) -> int:
+    with tempfile.TemporaryDirectory(prefix="qbridge-demo-") as tmp:
+        where = Path(directory) if directory else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        config_path = build(where)
+        console.print(f"legacy NGinn database and config written to {where}", markup=False, highlight=False)
+        config = load_config(config_path)
+        for p in provision.plan(config, config.jobs):
+            created, _ = provision.create_missing(p)
+            console.print(f"created {len(created)} NServiceBus and qbridge tables", markup=False)
+        runners = [JobRunner(config, job) for job in config.jobs]
+        totals = migrate(runners, console=console)
+        t = Table(title="what moved")
+        for col in ("legacy queue", "read", "delivered", "skipped", "quarantined"):
+            t.add_column(col)
+        for s in totals:
+            t.add_row(s.queue, str(s.read), str(s.delivered), str(s.skipped), str(s.quarantined))
+        console.print(t)
+        _show_target(runners[0], console)
+        books = [verify(r) for r in runners]
+        balanced = all(b.balanced for b in books)
+        console.print(f"verify: {'balanced' if balanced else 'NOT balanced'}; quarantined rows keep their reason "
+                      f"and raw content in qbridge_quarantine", markup=False)
+        dispose_all()
+        return 0 if balanced else 1
+
+
+def _show_target(runner: JobRunner, console: Console) -> None:
+    engine = engine_for(runner.target_url)
+    t = Table(title="NServiceBus tables")
+    t.add_column("table")
+    t.add_column("rows", justify="right")
+    with engine.connect() as conn:
+        for name in sorted(sa.inspect(conn).get_table_names()):
+            n = conn.execute(sa.select(sa.func.count()).select_from(sa.table(name))).scalar_one()
+            t.add_row(name, str(n))
+        reasons = conn.execute(sa.text("select queue, source_key, reason from qbridge_quarantine order by queue, source_key")).all()
+    console.print(t)
+    for queue, key, reason in reasons:
+        console.print(f"quarantined {queue}#{key}: {reason}", markup=False, highlight=False)

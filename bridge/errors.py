@@ -1,0 +1,49 @@
+"""The one error tree of qbridge; each class says whether trying again can help."""
+
+from __future__ import annotations
+
+
+class BridgeError(Exception):
+    """Root of every error qbridge raises on purpose."""
+
+    retryable = False
+    exit_code = 1
+
+
+class ConfigError(BridgeError):
+    """A config or mapping file is wrong; carries every problem found, each located."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__("\n".join(f"{path}: {p}" for p in problems))
+
+
+class UsageError(BridgeError):
+    """The command line asks for something that cannot be done."""
+
+    exit_code = 2
+
+
+class SourceSchemaError(BridgeError):
+    """The legacy database does not have the tables or columns this source reads."""
+
+
+class TargetSchemaError(BridgeError):
+    """The target database lacks a table qbridge writes to (run `qbridge init`)."""
+
+
+class RetryableError(BridgeError):
+    """A database is down, a deadlock or lock timeout: the same work can succeed later."""
+
+    retryable = True
+
+
+class BadRow(BridgeError):
+    """One legacy row cannot become a message; it is quarantined with this reason."""
+
+
+class UnreadableBlob(BridgeError):
+    """A blob given to `qbridge inspect` cannot be decoded."""

@@ -1,0 +1,127 @@
+"""Mapping files: routes, header rules, type names and what each legacy state becomes."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from bridge.errors import ConfigError
+from bridge.identifiers import check_name
+from bridge.settings_io import read_toml, validate
+
+Action = Literal["queue", "delayed", "error", "audit", "skip"]
+TEMPLATE_FIELDS = {"system", "database", "queue", "key", "message_id", "destination", "state", "type"}
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)(?::([^{}]+))?\}")
+
+
+class HeaderDrop(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    names: list[str] = Field(default_factory=list)
+
+
+class HeaderRules(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rename: dict[str, str] = Field(default_factory=dict)
+    set: dict[str, str] = Field(default_factory=dict)
+    drop: HeaderDrop = Field(default_factory=HeaderDrop)
+
+    @field_validator("set")
+    @classmethod
+    def _templates(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, template in value.items():
+            check_template(template, name)
+        return value
+
+
+class States(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ready: Action = "queue"
+    delayed: Action = "delayed"
+    failed: Action = "error"
+    processed: Literal["skip", "audit"] = "skip"
+    expired: Literal["skip", "audit", "error"] = "skip"
+
+
+class Mapping(BaseModel):
+    """One mapping file, validated before anything runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    routes: dict[str, str] = Field(default_factory=dict)
+    headers: HeaderRules = Field(default_factory=HeaderRules)
+    types: dict[str, str] = Field(default_factory=dict)
+    states: States = Field(default_factory=States)
+
+    @field_validator("routes")
+    @classmethod
+    def _route_targets(cls, value: dict[str, str]) -> dict[str, str]:
+        for legacy, queue in value.items():
+            check_name(queue, f"route target of {legacy!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _has_routes(self) -> Mapping:
+        if not self.routes:
+            raise ValueError("[routes] is empty: add at least one 'legacy name' = 'TargetQueue' (or '*')")
+        return self
+
+    def route(self, candidates: list[str]) -> str | None:
+        """The target queue of the first candidate with a route, else the `*` route."""
+        for name in candidates:
+            if name in self.routes:
+                return self.routes[name]
+        return self.routes.get("*")
+
+    def map_type(self, legacy_type: str) -> str:
+        return self.types.get(legacy_type, legacy_type)
+
+    def map_topic(self, full_name: str) -> str:
+        """A subscription topic (Type.FullName) through [types], whose keys carry assemblies."""
+        for legacy, mapped in self.types.items():
+            if legacy.split(",")[0].strip() == full_name:
+                return mapped.split(",")[0].strip()
+        return full_name
+
+    def target_queues(self) -> list[str]:
+        return sorted(set(self.routes.values()))
+
+    def dropped(self, header: str) -> bool:
+        return any(fnmatch.fnmatchcase(header, pattern) for pattern in self.headers.drop.names)
+
+
+def check_template(template: str, header: str) -> None:
+    """Every `{placeholder}` in a [headers.set] value must be one qbridge can fill."""
+    for m in _PLACEHOLDER.finditer(template.replace("{{", "").replace("}}", "")):
+        field, arg = m.group(1), m.group(2)
+        if field == "header" and arg:
+            continue
+        if field not in TEMPLATE_FIELDS or arg:
+            known = ", ".join(sorted(TEMPLATE_FIELDS | {"header:NAME"}))
+            raise ValueError(f"header {header!r}: unknown placeholder {{{m.group(0)[1:-1]}}} (known: {known})")
+
+
+def render_template(template: str, values: dict[str, str], headers: dict[str, str]) -> str:
+    """Fills `{field}` and `{header:Name}` placeholders; `{{` and `}}` are literal braces."""
+    if "{" not in template:
+        return template
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) == "header":
+            return headers.get(m.group(2) or "", "")
+        return values.get(m.group(1), "")
+
+    parts = template.split("{{")
+    return "{".join("}".join(_PLACEHOLDER.sub(sub, s) for s in p.split("}}")) for p in parts)
+
+
+def load_mapping(path: Path) -> Mapping:
+    """Reads and validates a mapping file; every problem is reported with the file's name."""
+    data = read_toml(path)
+    mapping = validate(Mapping, data, str(path))
+    if not mapping.routes:
+        raise ConfigError(str(path), ["[routes] is empty"])
+    return mapping

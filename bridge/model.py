@@ -1,0 +1,91 @@
+"""The canonical message: what every source produces and every target consumes."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+State = Literal["ready", "delayed", "failed", "processed", "expired"]
+Intent = Literal["Send", "Publish", "Reply"]
+
+# Every source message gets the same id on every run: it keys the ledger and becomes
+# NServiceBus.MessageId, so Outbox endpoints de-duplicate too.
+MESSAGE_ID_NAMESPACE = uuid.UUID("4f1c2a7e-9b3d-5c8e-a1f0-6d2b7e9c3a51")
+
+
+def _aware(value: datetime) -> datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("timestamp has no time zone; convert legacy local times to UTC first")
+    return value
+
+
+AwareDatetime = Annotated[datetime, AfterValidator(_aware)]
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
+def message_id_for(system: str, database: str, queue: str, key: str) -> uuid.UUID:
+    """Deterministic id of one source message (UUIDv5 over its coordinates)."""
+    return uuid.uuid5(MESSAGE_ID_NAMESPACE, f"{system}/{database}/{queue}/{key}")
+
+
+class SourceRef(BaseModel):
+    """Where a message came from: enough to find the legacy row again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    system: NonEmpty
+    database: NonEmpty
+    queue: NonEmpty
+    key: NonEmpty
+
+
+class Failure(BaseModel):
+    """Why the legacy system gave up on a message."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    exception_type: NonEmpty
+    message: str
+    stack_trace: str
+    failed_queue: NonEmpty
+    time_of_failure: AwareDatetime
+    inner_exception_type: str | None = None
+
+
+class Part(BaseModel):
+    """An extra message part (multi-part legacy messages)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    name: NonEmpty
+    content_type: str | None = None
+    body: bytes
+
+
+class CanonicalMessage(BaseModel):
+    """One legacy message, independent of the system it came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    message_id: uuid.UUID
+    source: SourceRef
+    state: State
+    destination: NonEmpty
+    reply_to: NonEmpty | None = None
+    correlation_id: NonEmpty | None = None
+    conversation_id: NonEmpty | None = None
+    enclosed_types: list[NonEmpty] = Field(default_factory=list)
+    content_type: NonEmpty | None = None
+    intent: Intent = "Send"
+    time_sent: AwareDatetime
+    due: AwareDatetime | None = None
+    expires: AwareDatetime | None = None
+    priority: int | None = None
+    retry_count: int = Field(default=0, ge=0)
+    failure: Failure | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: bytes | None = None
+    parts: list[Part] = Field(default_factory=list)

@@ -1,0 +1,50 @@
+"""The in-process engine for `qbridge migrate`: the framework loop with a progress bar."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from bridge.pipeline.loop import JobRunner, PassStats
+from bridge.retry import with_backoff
+
+log = logging.getLogger("qbridge.migrate")
+
+
+def backlog(runner: JobRunner) -> dict[str, int]:
+    with runner.target_engine.connect() as tconn:
+        checkpoints = runner.state.read_checkpoints(tconn, runner.job.name)
+    with runner.source_engine.connect() as sconn:
+        return {
+            q: s.count_after(sconn, checkpoints[q].high if q in checkpoints else None)
+            for q, s in runner.sources.items()
+        }
+
+
+def migrate(runners: list[JobRunner], console: Console, master: str | None = None) -> list[PassStats]:
+    if master and master != "local[*]":
+        log.warning("the Spark engine is not built yet; --master %s is ignored and the in-process engine runs", master)
+    plans = []
+    for runner in runners:
+        with_backoff(runner.check, f"job {runner.job.name}: checking tables")
+        with_backoff(runner.sync_subscriptions, f"job {runner.job.name}: subscriptions")
+        plans.append((runner, with_backoff(lambda r=runner: backlog(r), f"job {runner.job.name}: counting rows")))
+    totals: list[PassStats] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
+        for runner, counts in plans:
+            for queue, n in counts.items():
+                task = progress.add_task(f"{runner.job.name}/{queue}", total=max(n, 1))
+                done = PassStats(f"{runner.job.name}/{queue}")
+
+                def on_pass(stats: PassStats, done: PassStats = done, task: int = task) -> None:
+                    done.add(stats)
+                    progress.update(task, advance=stats.read)
+
+                # Each pass commits, so a retry after a failure resumes where it stopped.
+                with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}")
+                progress.update(task, completed=max(n, done.read, 1))
+                totals.append(done)
+    return totals

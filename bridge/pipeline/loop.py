@@ -1,0 +1,267 @@
+"""The one framework-owned loop every engine calls: read a batch, decode, map, write, commit.
+
+A pass over one queue runs in two transactions: the source's (which, in move mode, holds the
+rows it read skip-locked) and the target's. Queue rows, ledger entries, quarantine rows and
+the moved checkpoint commit together in the target; only then are source rows consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from bridge import faults
+from bridge.config import Config, JobConfig
+from bridge.db import engine_for
+from bridge.errors import BadRow, RetryableError
+from bridge.model import message_id_for
+from bridge.pipeline.gaps import Gap, expire, fill, holes
+from bridge.sources import Source, SourceRow, Subscription, source_class
+from bridge.state import LedgerEntry, Quarantined, State
+from bridge.targets.envelope import Outgoing, Skipped, envelope
+from bridge.targets.nservicebus import TargetTables
+from bridge.targets.writer import TargetWriter
+from bridge.timefmt import utcnow
+
+log = logging.getLogger("qbridge.batch")
+
+
+@dataclass
+class PassStats:
+    queue: str
+    read: int = 0
+    delivered: int = 0
+    skipped: int = 0
+    quarantined: int = 0
+    already: int = 0  # found in the ledger: delivered by an earlier pass or process
+    consumed: int = 0
+    gaps_open: int = 0
+    gaps_given_up: list[Gap] = field(default_factory=list)
+    more: bool = False  # the batch was full: more rows wait
+    lag_seconds: float | None = None
+    seconds: float = 0.0
+
+    def add(self, other: PassStats) -> None:
+        for name in ("read", "delivered", "skipped", "quarantined", "already", "consumed", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.gaps_open = other.gaps_open
+        self.gaps_given_up.extend(other.gaps_given_up)
+        if other.lag_seconds is not None:
+            self.lag_seconds = other.lag_seconds
+
+
+def database_identity(job: JobConfig, url: str) -> str:
+    """The name that, with system, queue and key, makes a message's deterministic id."""
+    if job.source.database:
+        return job.source.database
+    parsed = sa.engine.make_url(url)
+    name = parsed.database or "default"
+    if parsed.get_backend_name() == "sqlite":
+        name = name.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0] or "default"
+    return name
+
+
+class JobRunner:
+    """Everything one job needs, built once per process."""
+
+    def __init__(self, config: Config, job: JobConfig) -> None:
+        self.job = job
+        self.mapping = config.mapping(job)
+        self.source_url = config.connections[job.source.connection]
+        self.target_url = config.connections[job.target.connection]
+        self.source_engine = engine_for(self.source_url)
+        self.target_engine = engine_for(self.target_url)
+        tgt = sa.engine.make_url(self.target_url)
+        backend = tgt.get_backend_name()
+        catalog = job.target.catalog or (tgt.database if backend == "mssql" else None)
+        self.tables = TargetTables(job.target.flavor, job.target.schema_name, backend, catalog)
+        self.writer = TargetWriter(self.tables)
+        self.state = State(self.tables.table_schema)
+        self.database = database_identity(job, self.source_url)
+        cls = source_class(job.source.system)
+        self.sources: dict[str, Source] = {
+            q: cls(job, self.source_engine, q, self.database) for q in job.source.queues
+        }
+        self._ready: set[str] = set()
+        self._version = 0
+
+    def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
+        return message_id_for(source.system, self.database, source.queue, str(row.key))
+
+    def check(self) -> None:
+        """Source tables exist and look right; checkpoints exist. Raises a clear error if not."""
+        with self.source_engine.connect() as conn:
+            for source in self.sources.values():
+                source.check_schema(conn)
+        for queue in self.sources:
+            self._prepare(queue)
+
+    def _prepare(self, queue: str) -> None:
+        if queue not in self._ready:
+            self.state.ensure_checkpoint(self.target_engine, self.job.name, queue)
+            self._ready.add(queue)
+
+    # -- one pass --------------------------------------------------------------------------
+    def run_pass(self, queue: str) -> PassStats:
+        self._prepare(queue)
+        move = self.job.mode == "move"
+        if move:
+            self._consume_pending(queue)
+        started = time.monotonic()
+        stats = PassStats(queue)
+        source = self.sources[queue]
+        with self.source_engine.connect() as sconn:
+            stx = sconn.begin()
+            try:
+                consume = self._pass(sconn, source, stats, lock=move)
+                faults.reached("after_target_commit")
+                if consume:
+                    stats.consumed = source.consume(sconn, consume)
+                stx.commit()
+            except BaseException:
+                stx.rollback()
+                raise
+        if consume:
+            faults.reached("after_source_commit")
+            self.state.clear_pending(self.target_engine, self.job.name, queue, self._version)
+        stats.seconds = time.monotonic() - started
+        self._log(stats)
+        return stats
+
+    def _pass(self, sconn: sa.Connection, source: Source, stats: PassStats, lock: bool) -> list[int]:
+        job = self.job
+        now = time.time()
+        with self.target_engine.connect() as tconn, tconn.begin():
+            cp = self.state.lock_checkpoint(tconn, job.name, source.queue)
+            new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
+            still_open, given_up = expire(cp.gaps, now, job.window_seconds)
+            late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in still_open], lock)
+            rows = late + new
+            outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats)
+            self.writer.write(tconn, outs)
+            try:
+                self.state.record(tconn, job.name, source.queue, entries, quarantined)
+            except sa_exc.IntegrityError:
+                raise RetryableError(
+                    f"another qbridge job delivered messages of {source.queue!r} at the same time; the pass is rolled back and retried"
+                ) from None
+            cp.gaps = fill(still_open, [r.key for r in late]) + holes(cp.high, [r.key for r in new], now)
+            if new:
+                cp.high = new[-1].key
+            cp.pending = consume
+            if stats.delivered:
+                cp.last_delivery_at = utcnow()
+                cp.lag_seconds = stats.lag_seconds
+            self.state.save_checkpoint(tconn, cp)
+            self._version = cp.version
+        stats.read = len(rows)
+        stats.more = len(new) >= job.batch_size
+        stats.gaps_open = len(cp.gaps)
+        stats.gaps_given_up = given_up
+        for gap in given_up:
+            log.info("job=%s queue=%s ids %d..%d never committed within %s; no longer waiting for them",
+                     job.name, source.queue, gap.lo, gap.hi, job.late_commit_window)
+        return consume
+
+    def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats
+                 ) -> tuple[list[Outgoing], list[LedgerEntry], list[Quarantined], list[int]]:
+        ids = [self.message_id(source, r) for r in rows]
+        known = self.state.known(tconn, ids)
+        outs: list[Outgoing] = []
+        entries: list[LedgerEntry] = []
+        quarantined: list[Quarantined] = []
+        consume: list[int] = []
+        translated = getattr(source, "translated_headers", frozenset())
+        now = utcnow()
+        oldest = None
+        for row, mid in zip(rows, ids):
+            key = str(row.key)
+            seen = known.get(str(mid))
+            if seen is not None:
+                stats.already += 1
+                if lock and row.consumable and seen != "quarantined":
+                    consume.append(row.key)
+                continue
+            try:
+                msg = source.decode(row)
+                result = envelope(msg, self.mapping, self.tables, self.job.target, translated)
+            except BadRow as e:
+                result = None
+                reason = str(e)
+            except Exception as e:  # a bug must not block the rows behind it: keep the row, say why
+                log.exception("job=%s queue=%s key=%s: unexpected error while decoding", self.job.name, source.queue, key)
+                result = None
+                reason = f"unexpected {type(e).__name__}: {e}"
+            if result is None:
+                quarantined.append(Quarantined(mid, key, reason, source.raw(row)))
+                entries.append(LedgerEntry(mid, key, "quarantined", reason=reason))
+                stats.quarantined += 1
+                continue
+            if isinstance(result, Skipped):
+                entries.append(LedgerEntry(mid, key, "skipped", reason=result.reason))
+                stats.skipped += 1
+            else:
+                outs.append(result)
+                target = f"{result.queue}.Delayed" if result.kind == "delayed" else result.queue
+                entries.append(LedgerEntry(mid, key, "delivered", target=target))
+                stats.delivered += 1
+                oldest = msg.time_sent if oldest is None else min(oldest, msg.time_sent)
+            if lock and row.consumable:
+                consume.append(row.key)
+        if oldest is not None:
+            stats.lag_seconds = max(0.0, (now - oldest).total_seconds())
+        return outs, entries, quarantined, consume
+
+    def _consume_pending(self, queue: str) -> None:
+        """A crash after the target commit left delivered rows unconsumed: consume them now."""
+        with self.target_engine.connect() as tconn:
+            cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
+        if cp is None or not cp.pending:
+            return
+        with self.source_engine.begin() as sconn:
+            n = self.sources[queue].consume(sconn, cp.pending)
+        log.info("job=%s queue=%s consumed %d source rows delivered by an interrupted pass", self.job.name, queue, n)
+        self.state.clear_pending(self.target_engine, self.job.name, queue, cp.version)
+
+    def _log(self, s: PassStats) -> None:
+        if s.read or s.gaps_given_up:
+            log.info(
+                "job=%s queue=%s rows=%d delivered=%d skipped=%d quarantined=%d already=%d consumed=%d "
+                "open_gaps=%d lag=%s duration=%.3fs",
+                self.job.name, s.queue, s.read, s.delivered, s.skipped, s.quarantined, s.already, s.consumed,
+                s.gaps_open, "-" if s.lag_seconds is None else f"{s.lag_seconds:.3f}s", s.seconds,
+            )
+
+    # -- loops -----------------------------------------------------------------------------
+    def drain(self, queue: str, on_pass=None, should_stop=lambda: False) -> PassStats:
+        """Passes until the queue has no full batch left (or `should_stop` says so)."""
+        total = PassStats(queue)
+        while True:
+            stats = self.run_pass(queue)
+            total.add(stats)
+            if on_pass:
+                on_pass(stats)
+            if not stats.more or should_stop():
+                return total
+
+    def sync_subscriptions(self) -> int:
+        """Legacy subscriptions -> SubscriptionRouting; returns how many rows changed."""
+        first = next(iter(self.sources.values()))
+        with self.source_engine.connect() as sconn:
+            subs = first.subscriptions(sconn)
+        rows = []
+        for sub in subs:
+            endpoint = self.mapping.routes.get(sub.endpoint)
+            if endpoint is None:
+                continue  # a subscriber this job does not migrate; `verify` lists it
+            topic = self.mapping.map_topic(sub.topic)
+            rows.append((Subscription(endpoint=sub.endpoint, topic=topic), endpoint, self.tables.address(endpoint)))
+        if not rows:
+            return 0
+        with self.target_engine.begin() as tconn:
+            return self.writer.write_subscriptions(tconn, rows)

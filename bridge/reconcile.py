@@ -1,0 +1,150 @@
+"""`qbridge verify` and `qbridge status`: the books of each job, read from both databases."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from bridge.model import message_id_for
+from bridge.pipeline.loop import JobRunner
+from bridge.timefmt import utcnow
+
+
+@dataclass
+class QueueBooks:
+    queue: str
+    source_rows: int = 0  # rows at or below the checkpoint (rows above it are backlog)
+    delivered: int = 0
+    skipped: int = 0
+    quarantined: int = 0
+    pending: int = 0  # committed late into an id gap; the next pass takes them
+    missing: int = 0  # read past, yet in no outcome: the books do not balance
+    backlog: int = 0
+    source_gone: int = 0  # in the ledger, no longer in the source (legacy cleanup)
+    missing_keys: list[str] = field(default_factory=list)
+
+    @property
+    def balanced(self) -> bool:
+        return self.missing == 0
+
+
+@dataclass
+class JobBooks:
+    job: str
+    queues: list[QueueBooks]
+    unroutable_subscriptions: list[dict[str, str]]
+
+    @property
+    def balanced(self) -> bool:
+        return all(q.balanced for q in self.queues)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "balanced": self.balanced,
+            "queues": [{**asdict(q), "balanced": q.balanced} for q in self.queues],
+            "unroutable_subscriptions": self.unroutable_subscriptions,
+        }
+
+
+def verify(runner: JobRunner) -> JobBooks:
+    books = []
+    job = runner.job.name
+    with runner.target_engine.connect() as tconn, runner.source_engine.connect() as sconn:
+        checkpoints = runner.state.read_checkpoints(tconn, job)
+        for queue, source in runner.sources.items():
+            b = QueueBooks(queue)
+            cp = checkpoints.get(queue)
+            high = cp.high if cp else None
+            b.backlog = source.count_after(sconn, high)
+            ledger = dict(runner.state.ledger_keys(tconn, job, queue))
+            if high is not None:
+                gaps = cp.gaps if cp else []
+                seen: set[str] = set()
+                unexplained: list[str] = []
+                for key in source.keys_upto(sconn, high):
+                    b.source_rows += 1
+                    k = str(key)
+                    outcome = ledger.get(k)
+                    if outcome is not None:
+                        seen.add(k)
+                        setattr(b, outcome, getattr(b, outcome) + 1)
+                    elif any(g.lo <= key <= g.hi for g in gaps):
+                        b.pending += 1
+                    else:
+                        unexplained.append(k)
+                b.source_gone = len(ledger) - len(seen)
+                # A message may be in the ledger under another job that reads the same queue.
+                elsewhere = _outcomes_by_id(runner, tconn, source, unexplained)
+                for k in unexplained:
+                    outcome = elsewhere.get(k)
+                    if outcome:
+                        setattr(b, outcome, getattr(b, outcome) + 1)
+                    else:
+                        b.missing += 1
+                        if len(b.missing_keys) < 20:
+                            b.missing_keys.append(k)
+            books.append(b)
+        first = next(iter(runner.sources.values()))
+        unroutable = [
+            {"endpoint": s.endpoint, "topic": s.topic, "reason": "no route for the subscriber queue"}
+            for s in first.subscriptions(sconn) if s.endpoint not in runner.mapping.routes
+        ]
+    return JobBooks(job, books, unroutable)
+
+
+def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str]) -> dict[str, str]:
+    if not keys:
+        return {}
+    ids = {message_id_for(source.system, runner.database, source.queue, k): k for k in keys}
+    found = runner.state.known(tconn, list(ids))
+    by_str = {str(mid): k for mid, k in ids.items()}
+    return {by_str[mid]: outcome for mid, outcome in found.items()}
+
+
+def status(runner: JobRunner) -> dict[str, Any]:
+    """Per job: last run, rows moved, lag, backlog, quarantine count (and per queue)."""
+    job = runner.job.name
+    with runner.target_engine.connect() as tconn:
+        checkpoints = runner.state.read_checkpoints(tconn, job)
+        counts = runner.state.counts(tconn, job)
+    queues = []
+    backlog_error = None
+    try:
+        with runner.source_engine.connect() as sconn:
+            backlogs = {q: s.count_after(sconn, checkpoints[q].high if q in checkpoints else None)
+                        for q, s in runner.sources.items()}
+    except sa.exc.SQLAlchemyError as e:
+        backlogs = {}
+        backlog_error = str(getattr(e, "orig", e)).splitlines()[0]
+    now = utcnow()
+    for queue in runner.sources:
+        cp = checkpoints.get(queue)
+        c = counts.get(queue, {})
+        queues.append({
+            "queue": queue,
+            "last_run": cp.last_run_at.isoformat() if cp and cp.last_run_at else None,
+            "delivered": c.get("delivered", 0),
+            "skipped": c.get("skipped", 0),
+            "quarantined": c.get("quarantined", 0),
+            "backlog": backlogs.get(queue),
+            "lag_seconds": (0.0 if backlogs.get(queue) == 0 else (cp.lag_seconds if cp else None)),
+            "open_gaps": len(cp.gaps) if cp else 0,
+            "seconds_since_last_delivery": (now - cp.last_delivery_at).total_seconds() if cp and cp.last_delivery_at else None,
+        })
+    runs = [q["last_run"] for q in queues if q["last_run"]]
+    lags = [q["lag_seconds"] for q in queues if q["lag_seconds"] is not None]
+    backlog_values = [q["backlog"] for q in queues if q["backlog"] is not None]
+    return {
+        "job": job,
+        "mode": runner.job.mode,
+        "last_run": max(runs) if runs else None,
+        "rows_moved": sum(q["delivered"] for q in queues),
+        "lag_seconds": max(lags) if lags else None,
+        "backlog": sum(backlog_values) if backlog_values and backlog_error is None else None,
+        "quarantined": sum(q["quarantined"] for q in queues),
+        "source_error": backlog_error,
+        "queues": queues,
+    }

@@ -1,0 +1,80 @@
+"""Sample legacy data, shaped as the real systems write it: for the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from bridge.sources.nginn import queue_table, subscription_table
+
+DOTNET_ERROR = (
+    "System.InvalidOperationException: Order 42 cannot be shipped: no stock ---> "
+    "System.Data.SqlClient.SqlException: Timeout expired\r\n"
+    "   at System.Data.SqlClient.SqlConnection.OnError(SqlException exception)\r\n"
+    "   --- End of inner exception stack trace ---\r\n"
+    "   at Shop.Handlers.ShipOrderHandler.Handle(ShipOrder message) in c:\\src\\Shop\\ShipOrderHandler.cs:line 31\r\n"
+    "   at NGinnBPM.MessageBus.Impl.MessageDispatcher.Dispatch(Object message)"
+)
+
+
+def create_nginn_queue(engine: sa.Engine, name: str, schema: str | None = None) -> sa.Table:
+    t = queue_table(name, schema)
+    t.create(engine, checkfirst=True)
+    return t
+
+
+def create_nginn_subscriptions(engine: sa.Engine, name: str = "NGMB_Subscriptions", schema: str | None = None) -> sa.Table:
+    t = subscription_table(name, schema)
+    t.create(engine, checkfirst=True)
+    return t
+
+
+def nginn_body(type_name: str, **fields: Any) -> str:
+    """A Newtonsoft body with TypeNameHandling.Objects: `$type` first, as it writes it."""
+    return orjson.dumps({"$type": type_name, **fields}).decode()
+
+
+def nginn_row(
+    queue: str,
+    n: int,
+    now: datetime,
+    subqueue: str = "I",
+    body: str | None = None,
+    headers: str | None = "",
+    error_info: str | None = None,
+    retry_time: datetime | None = None,
+    alias: str = "db",
+) -> dict[str, Any]:
+    """One queue-table row as NGinn's InsertMessageBatch writes it (local times, naive)."""
+    return {
+        "from_endpoint": f"sql://{alias}/Sender",
+        "to_endpoint": f"sql://{alias}/{queue}",
+        "subqueue": subqueue,
+        "insert_time": now,
+        "last_processed": now if subqueue in ("X", "F", "R") else None,
+        "retry_count": 3 if subqueue == "F" else (1 if subqueue == "R" else 0),
+        "retry_time": retry_time or now,
+        "error_info": error_info,
+        "correlation_id": f"corr-{n}",
+        "label": f"PlaceOrder #{n}",
+        "msg_text": body if body is not None else nginn_body("Orders.PlaceOrder, Orders", OrderId=n, Customer="ACME", Lines=[{"$type": "Orders.Line, Orders", "Sku": "X-1", "Qty": 2}]),
+        "msg_headers": headers if headers is not None else None,
+        "unique_id": f"{n:032x}{n}",
+    }
+
+
+def demo_rows(queue: str, now: datetime, count: int = 20) -> list[dict[str, Any]]:
+    """A mix of every state and a few rows NGinn itself could not read."""
+    rows = []
+    for n in range(1, count + 1):
+        rows.append(nginn_row(queue, n, now - timedelta(minutes=count - n), headers=f"_NG-ReplyTo=sql://db/Sender|Tenant=acme|_NG-Seq=s{n}"))
+    rows.append(nginn_row(queue, 101, now, subqueue="R", retry_time=now + timedelta(hours=2)))
+    rows.append(nginn_row(queue, 102, now - timedelta(hours=1), subqueue="F", error_info=DOTNET_ERROR))
+    rows.append(nginn_row(queue, 103, now - timedelta(days=1), subqueue="X"))
+    rows.append(nginn_row(queue, 104, now - timedelta(hours=3), headers="_NG-TTL=" + (now - timedelta(hours=2)).strftime("%Y-%m-%d %H:%M:%S")))
+    rows.append(nginn_row(queue, 105, now, headers="Filter=a=b"))  # NGinn wrote it, NGinn cannot read it
+    rows.append(nginn_row(queue, 106, now, body="{not json"))
+    return rows

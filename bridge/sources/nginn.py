@@ -1,0 +1,227 @@
+"""NGinn.MessageBus: one table per queue, subqueues I/R/X/F, local times, JSON bodies.
+
+Facts: reference/legacy-sources.md §1. The table is named like the queue (`sql://alias/Table`);
+`id` is an identity column, unique within the table, and is the key qbridge walks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import sqlalchemy as sa
+
+from bridge.config import JobConfig
+from bridge.errors import BadRow, SourceSchemaError
+from bridge.model import CanonicalMessage, Failure, SourceRef, message_id_for
+from bridge.sources import nginn_codec as codec
+from bridge.sources.base import Source, SourceRow, Subscription
+from bridge.timefmt import local_to_utc, utcnow, zone
+
+STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
+CONSUMABLE = ("I", "R", "F")
+SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
+COLUMNS = (
+    "id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count",
+    "retry_time", "error_info", "correlation_id", "label", "msg_text", "msg_headers", "unique_id",
+)
+
+
+def queue_table(name: str, schema: str | None = None, metadata: sa.MetaData | None = None) -> sa.Table:
+    """The queue table as NGinn's createmqueue script defines it (types per dialect)."""
+    return sa.Table(
+        name,
+        metadata or sa.MetaData(),
+        # SQLite only auto-numbers an INTEGER PRIMARY KEY.
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+        sa.Column("from_endpoint", sa.String(50), nullable=False),
+        sa.Column("to_endpoint", sa.String(50), nullable=False),
+        sa.Column("subqueue", sa.CHAR(1), nullable=False),
+        sa.Column("insert_time", sa.DateTime(), nullable=False),
+        sa.Column("last_processed", sa.DateTime()),
+        sa.Column("retry_count", sa.Integer(), nullable=False),
+        sa.Column("retry_time", sa.DateTime(), nullable=False),
+        sa.Column("error_info", sa.Text()),
+        sa.Column("correlation_id", sa.String(100)),
+        sa.Column("label", sa.String(100)),
+        sa.Column("msg_text", sa.Text()),
+        sa.Column("msg_headers", sa.Text()),
+        sa.Column("unique_id", sa.String(40)),
+        sa.Index(f"IDX_{name}_subqueue_retry_time", "subqueue", "retry_time"),
+        schema=schema,
+    )
+
+
+def subscription_table(name: str, schema: str | None = None, metadata: sa.MetaData | None = None) -> sa.Table:
+    return sa.Table(
+        name,
+        metadata or sa.MetaData(),
+        sa.Column("publisher_endpoint", sa.String(200), primary_key=True),
+        sa.Column("subscriber_endpoint", sa.String(200), primary_key=True),
+        sa.Column("message_type", sa.String(300), primary_key=True),
+        sa.Column("created_date", sa.DateTime(), nullable=False),
+        sa.Column("expiration_date", sa.DateTime()),
+        schema=schema,
+    )
+
+
+class NGinnSource(Source):
+    system: ClassVar[str] = "nginn"
+    translated_headers: ClassVar[frozenset[str]] = codec.TRANSLATED
+
+    def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
+        super().__init__(job, engine, queue, database)
+        self.table = queue_table(self.queue, self.job.source.schema_)
+        self.tz = zone(self.job.source.timezone or "UTC")
+
+    # -- reading ---------------------------------------------------------------------------
+    def check_schema(self, conn: sa.Connection) -> None:
+        insp = sa.inspect(conn)
+        schema = self.job.source.schema_
+        if not insp.has_table(self.queue, schema=schema):
+            where = f"schema {schema!r}" if schema else "the default schema"
+            raise SourceSchemaError(f"NGinn queue table {self.queue!r} not found in {where} of the legacy database")
+        have = {c["name"].lower() for c in insp.get_columns(self.queue, schema=schema)}
+        missing = [c for c in COLUMNS if c not in have]
+        if missing:
+            raise SourceSchemaError(f"table {self.queue!r} is not an NGinn queue table: missing columns {', '.join(missing)}")
+
+    def _select(self, lock: bool) -> sa.Select:
+        t = self.table
+        stmt = sa.select(t).order_by(t.c.id)
+        if lock:
+            # NGinn's own receiver: UPDLOCK + READPAST, so its receivers and ours never block each other.
+            stmt = stmt.with_for_update(skip_locked=True).with_hint(t, "WITH (UPDLOCK, ROWLOCK, READPAST)", "mssql")
+        else:
+            # Copy mode reads committed rows only and steps over locked ones; they are re-checked as gaps.
+            stmt = stmt.with_hint(t, "WITH (READPAST)", "mssql")
+        return stmt
+
+    def _rows(self, result: sa.CursorResult) -> list[SourceRow]:
+        return [
+            SourceRow(key=int(m["id"]), consumable=m["subqueue"] in CONSUMABLE, values=dict(m))
+            for m in result.mappings()
+        ]
+
+    def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool) -> list[SourceRow]:
+        stmt = self._select(lock).limit(limit)
+        if after is not None:
+            stmt = stmt.where(self.table.c.id > after)
+        return self._rows(conn.execute(stmt))
+
+    def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:
+        if not ranges:
+            return []
+        c = self.table.c.id
+        stmt = self._select(lock).where(sa.or_(*(c.between(lo, hi) for lo, hi in ranges)))
+        return self._rows(conn.execute(stmt))
+
+    def count_after(self, conn: sa.Connection, after: int | None) -> int:
+        stmt = sa.select(sa.func.count()).select_from(self.table)
+        if after is not None:
+            stmt = stmt.where(self.table.c.id > after)
+        return int(conn.execute(stmt).scalar_one())
+
+    def max_key(self, conn: sa.Connection) -> int | None:
+        value = conn.execute(sa.select(sa.func.max(self.table.c.id))).scalar_one()
+        return None if value is None else int(value)
+
+    def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[int]:
+        stmt = sa.select(self.table.c.id).where(self.table.c.id <= high).order_by(self.table.c.id)
+        for (key,) in conn.execution_options(stream_results=True, yield_per=10_000).execute(stmt):
+            yield int(key)
+
+    # -- move mode -------------------------------------------------------------------------
+    def consume(self, conn: sa.Connection, keys: Sequence[int]) -> int:
+        """NGinn's SelectAndLockNext2: `subqueue='X', last_processed=now` for rows still pending."""
+        if not keys:
+            return 0
+        t = self.table
+        now_local = utcnow().astimezone(self.tz).replace(tzinfo=None)
+        stmt = (
+            sa.update(t)
+            .where(t.c.id.in_(list(keys)), t.c.subqueue.in_(CONSUMABLE))
+            .values(subqueue="X", last_processed=now_local)
+        )
+        return conn.execute(stmt).rowcount
+
+    # -- decoding --------------------------------------------------------------------------
+    def decode(self, row: SourceRow) -> CanonicalMessage:
+        v = row.values
+        letter = v["subqueue"]
+        state = STATES.get(letter)
+        if state is None:
+            raise BadRow(f"subqueue {letter!r} is not one NGinn defines (I, R, X, F)")
+        headers = codec.parse_headers(v["msg_headers"])
+        legacy_type = codec.body_type(v["msg_text"]) or headers.get(codec.HDR_MSG_TYPE)
+        for column in ("insert_time", "retry_time"):
+            if v[column] is None:
+                raise BadRow(f"{column} is NULL (the column is NOT NULL in NGinn's schema)")
+        time_sent = local_to_utc(v["insert_time"], self.tz)
+        expires = None
+        if codec.HDR_TTL in headers:
+            expires = local_to_utc(codec.parse_local_time(headers[codec.HDR_TTL]), self.tz)
+            if state in ("ready", "delayed") and expires <= utcnow():
+                state = "expired"  # NGinn drops such a message unprocessed
+        reply = headers.get(codec.HDR_REPLY_TO)
+        failure = None
+        if state == "failed":
+            parsed = codec.parse_exception(v["error_info"])
+            failed_at = v["last_processed"] or v["retry_time"]
+            failure = Failure(
+                exception_type=parsed.exception_type,
+                message=parsed.message,
+                stack_trace=v["error_info"] or "",
+                failed_queue=self.queue,
+                time_of_failure=local_to_utc(failed_at, self.tz),
+                inner_exception_type=parsed.inner_exception_type,
+            )
+        meta = {
+            "NGinn.BusMessageId": str(row.key),
+            "NGinn.FromEndpoint": v["from_endpoint"] or "",
+            "NGinn.ToEndpoint": v["to_endpoint"] or "",
+        }
+        if v["unique_id"]:
+            meta["NGinn.UniqueId"] = v["unique_id"]
+        if v["label"]:
+            meta["NGinn.Label"] = v["label"]
+        key = str(row.key)
+        try:
+            return CanonicalMessage(
+                message_id=message_id_for(self.system, self.database, self.queue, key),
+                source=SourceRef(system=self.system, database=self.database, queue=self.queue, key=key),
+                state=state,
+                destination=codec.endpoint_queue(v["to_endpoint"]) or self.queue,
+                reply_to=(codec.endpoint_queue(reply) or reply) if reply else None,
+                correlation_id=v["correlation_id"] or None,
+                enclosed_types=[legacy_type] if legacy_type else [],
+                content_type="application/json",
+                time_sent=time_sent,
+                due=local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
+                expires=expires,
+                retry_count=int(v["retry_count"] or 0),
+                failure=failure,
+                headers={**headers, **meta},
+                body=v["msg_text"].encode("utf-8"),
+            )
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            raise BadRow(f"cannot build a message: {e}") from None
+
+    def subscriptions(self, conn: sa.Connection) -> list[Subscription]:
+        """Live rows of both NGinn subscription tables (the name changed in 2014)."""
+        insp = sa.inspect(conn)
+        schema = self.job.source.schema_
+        now_local = utcnow().astimezone(self.tz).replace(tzinfo=None)
+        found: list[Subscription] = []
+        for name in SUBSCRIPTION_TABLES:
+            if not insp.has_table(name, schema=schema):
+                continue
+            t = subscription_table(name, schema)
+            stmt = sa.select(t.c.subscriber_endpoint, t.c.message_type).where(
+                sa.or_(t.c.expiration_date.is_(None), t.c.expiration_date >= now_local)
+            )
+            for endpoint, topic in conn.execute(stmt):
+                queue = codec.endpoint_queue(endpoint)
+                if queue and topic:
+                    found.append(Subscription(endpoint=queue, topic=topic))
+        return sorted(set(found), key=lambda s: (s.endpoint, s.topic))

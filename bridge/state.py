@@ -1,0 +1,228 @@
+"""The bridge's own tables in the target database: ledger, checkpoints, quarantine.
+
+They live beside the transport tables so that a batch's queue rows, its ledger entries and the
+moved checkpoint commit in one transaction (GUIDE guarantee 1).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from bridge.pipeline.gaps import Gap
+from bridge.timefmt import UTC, utcnow
+
+LEDGER = "qbridge_ledger"
+CHECKPOINT = "qbridge_checkpoint"
+QUARANTINE = "qbridge_quarantine"
+OUTCOMES = ("delivered", "skipped", "quarantined")
+
+
+def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dict[str, sa.Table]:
+    md = metadata or sa.MetaData()
+    ledger = sa.Table(
+        LEDGER, md,
+        sa.Column("message_id", sa.String(36), primary_key=True),
+        sa.Column("job", sa.String(128), nullable=False),
+        sa.Column("queue", sa.String(128), nullable=False),
+        sa.Column("source_key", sa.String(200), nullable=False),
+        sa.Column("outcome", sa.String(12), nullable=False),
+        sa.Column("target", sa.String(260)),
+        sa.Column("reason", sa.String(500)),
+        sa.Column("at", sa.DateTime(), nullable=False),
+        sa.Index("ix_qbridge_ledger_job_queue", "job", "queue", "outcome"),
+        schema=schema,
+    )
+    checkpoint = sa.Table(
+        CHECKPOINT, md,
+        sa.Column("job", sa.String(128), primary_key=True),
+        sa.Column("queue", sa.String(128), primary_key=True),
+        sa.Column("high", sa.BigInteger()),
+        sa.Column("gaps", sa.Text()),
+        sa.Column("pending", sa.Text()),
+        sa.Column("version", sa.Integer(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(), nullable=False),
+        sa.Column("last_run_at", sa.DateTime()),
+        sa.Column("last_delivery_at", sa.DateTime()),
+        sa.Column("lag_seconds", sa.Float()),
+        schema=schema,
+    )
+    quarantine = sa.Table(
+        QUARANTINE, md,
+        sa.Column("message_id", sa.String(36), primary_key=True),
+        sa.Column("job", sa.String(128), nullable=False),
+        sa.Column("queue", sa.String(128), nullable=False),
+        sa.Column("source_key", sa.String(200), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("raw", sa.Text(), nullable=False),
+        sa.Column("at", sa.DateTime(), nullable=False),
+        schema=schema,
+    )
+    return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine}
+
+
+def _naive(dt: datetime) -> datetime:
+    return dt.astimezone(UTC).replace(tzinfo=None)
+
+
+@dataclass
+class Checkpoint:
+    job: str
+    queue: str
+    high: int | None = None
+    gaps: list[Gap] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+    version: int = 0
+    last_run_at: datetime | None = None
+    last_delivery_at: datetime | None = None
+    lag_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    message_id: uuid.UUID
+    source_key: str
+    outcome: str
+    target: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    message_id: uuid.UUID
+    source_key: str
+    reason: str
+    raw: dict[str, Any]
+
+
+class State:
+    """Operations on the state tables of one target schema."""
+
+    def __init__(self, schema: str | None) -> None:
+        t = state_tables(schema)
+        self.ledger, self.checkpoint, self.quarantine = t["ledger"], t["checkpoint"], t["quarantine"]
+
+    def all_tables(self) -> list[sa.Table]:
+        return [self.ledger, self.checkpoint, self.quarantine]
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:
+        """Creates the row once; two processes racing to create it both succeed."""
+        c = self.checkpoint
+        with engine.begin() as conn:
+            if conn.execute(sa.select(c.c.version).where(c.c.job == job, c.c.queue == queue)).first():
+                return
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.insert(c).values(job=job, queue=queue, version=0, updated_at=_naive(utcnow())))
+        except sa_exc.IntegrityError:
+            pass
+
+    def lock_checkpoint(self, conn: sa.Connection, job: str, queue: str) -> Checkpoint:
+        """Reads the checkpoint row, locked until the caller's transaction ends."""
+        c = self.checkpoint
+        row = conn.execute(
+            sa.select(c).where(c.c.job == job, c.c.queue == queue).with_for_update()
+            .with_hint(c, "WITH (UPDLOCK, ROWLOCK)", "mssql")
+        ).mappings().first()
+        if row is None:
+            raise RuntimeError(f"checkpoint of {job}/{queue} missing; ensure_checkpoint first")
+        return self._from_row(row)
+
+    def read_checkpoints(self, conn: sa.Connection, job: str) -> dict[str, Checkpoint]:
+        c = self.checkpoint
+        rows = conn.execute(sa.select(c).where(c.c.job == job)).mappings()
+        return {r["queue"]: self._from_row(r) for r in rows}
+
+    @staticmethod
+    def _from_row(row: Any) -> Checkpoint:
+        def aware(v: datetime | None) -> datetime | None:
+            return None if v is None else v.replace(tzinfo=UTC)
+
+        return Checkpoint(
+            job=row["job"], queue=row["queue"], high=row["high"],
+            gaps=[Gap.from_json(g) for g in orjson.loads(row["gaps"] or "[]")],
+            pending=list(orjson.loads(row["pending"] or "[]")),
+            version=row["version"], last_run_at=aware(row["last_run_at"]),
+            last_delivery_at=aware(row["last_delivery_at"]), lag_seconds=row["lag_seconds"],
+        )
+
+    def save_checkpoint(self, conn: sa.Connection, cp: Checkpoint) -> None:
+        c = self.checkpoint
+        now = _naive(utcnow())
+        result = conn.execute(
+            sa.update(c)
+            .where(c.c.job == cp.job, c.c.queue == cp.queue, c.c.version == cp.version)
+            .values(
+                high=cp.high,
+                gaps=orjson.dumps([g.to_json() for g in cp.gaps]).decode(),
+                pending=orjson.dumps(cp.pending).decode() if cp.pending else None,
+                version=cp.version + 1,
+                updated_at=now,
+                last_run_at=now,
+                last_delivery_at=None if cp.last_delivery_at is None else _naive(cp.last_delivery_at),
+                lag_seconds=cp.lag_seconds,
+            )
+        )
+        if result.rowcount != 1:
+            # The row lock makes this unreachable unless the database ignored FOR UPDATE.
+            raise RuntimeError(f"checkpoint of {cp.job}/{cp.queue} changed under this pass; retrying")
+        cp.version += 1
+
+    def clear_pending(self, engine: sa.Engine, job: str, queue: str, version: int) -> None:
+        c = self.checkpoint
+        with engine.begin() as conn:
+            conn.execute(
+                sa.update(c).where(c.c.job == job, c.c.queue == queue, c.c.version == version).values(pending=None)
+            )
+
+    # -- ledger ----------------------------------------------------------------------------
+    def known(self, conn: sa.Connection, ids: Sequence[uuid.UUID]) -> dict[str, str]:
+        """message id -> outcome, for those of `ids` already in the ledger."""
+        if not ids:
+            return {}
+        l = self.ledger
+        out: dict[str, str] = {}
+        strs = [str(i) for i in ids]
+        for start in range(0, len(strs), 1000):
+            chunk = strs[start:start + 1000]
+            for mid, outcome in conn.execute(sa.select(l.c.message_id, l.c.outcome).where(l.c.message_id.in_(chunk))):
+                out[mid] = outcome
+        return out
+
+    def record(self, conn: sa.Connection, job: str, queue: str, entries: Sequence[LedgerEntry],
+               quarantined: Sequence[Quarantined]) -> None:
+        now = _naive(utcnow())
+        if entries:
+            conn.execute(sa.insert(self.ledger), [
+                {"message_id": str(e.message_id), "job": job, "queue": queue, "source_key": e.source_key,
+                 "outcome": e.outcome, "target": e.target, "reason": (e.reason or None) and e.reason[:500], "at": now}
+                for e in entries
+            ])
+        if quarantined:
+            conn.execute(sa.insert(self.quarantine), [
+                {"message_id": str(q.message_id), "job": job, "queue": queue, "source_key": q.source_key,
+                 "reason": q.reason, "raw": orjson.dumps(q.raw).decode(), "at": now}
+                for q in quarantined
+            ])
+
+    def counts(self, conn: sa.Connection, job: str) -> dict[str, dict[str, int]]:
+        """queue -> outcome -> count, from the ledger."""
+        l = self.ledger
+        out: dict[str, dict[str, int]] = {}
+        stmt = sa.select(l.c.queue, l.c.outcome, sa.func.count()).where(l.c.job == job).group_by(l.c.queue, l.c.outcome)
+        for queue, outcome, n in conn.execute(stmt):
+            out.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[outcome] = int(n)
+        return out
+
+    def ledger_keys(self, conn: sa.Connection, job: str, queue: str) -> Iterable[tuple[str, str]]:
+        l = self.ledger
+        stmt = sa.select(l.c.source_key, l.c.outcome).where(l.c.job == job, l.c.queue == queue)
+        yield from conn.execution_options(stream_results=True, yield_per=10_000).execute(stmt)

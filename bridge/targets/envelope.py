@@ -1,0 +1,145 @@
+"""From a canonical message to the row NServiceBus reads: routing, headers, table choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from bridge.config import TargetConfig
+from bridge.errors import BadRow
+from bridge.mapping import Mapping, render_template
+from bridge.model import CanonicalMessage
+from bridge.targets.nservicebus import TargetTables
+from bridge.timefmt import timespan, to_wire, utcnow
+
+MESSAGE_MAX = 16384  # NServiceBus truncates ExceptionInfo.Message to this many characters
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One row for a transport table: `queue` names the queue (its .Delayed table for `delayed`)."""
+
+    kind: Literal["queue", "delayed"]
+    queue: str
+    headers: dict[str, str]
+    body: bytes | None
+    expires: datetime | None = None
+    due: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    reason: str
+
+
+def envelope(
+    msg: CanonicalMessage,
+    mapping: Mapping,
+    tables: TargetTables,
+    target: TargetConfig,
+    translated: frozenset[str] = frozenset(),
+) -> Outgoing | Skipped:
+    """Applies the mapping; raises BadRow when the message has nowhere to go."""
+    action = getattr(mapping.states, msg.state)
+    if action == "skip":
+        return Skipped(f"state {msg.state} -> skip")
+    types = [mapping.map_type(t) for t in msg.enclosed_types]
+    candidates = [*msg.enclosed_types, *types, msg.destination, msg.source.queue]
+    routed = mapping.route(candidates)
+    if routed is None:
+        raise BadRow(
+            f"no route for queue {msg.source.queue!r}, destination {msg.destination!r} or type "
+            f"{msg.enclosed_types[0] if msg.enclosed_types else '(none)'!r}; add one to [routes] (or a '*' route)"
+        )
+    headers = _legacy_headers(msg, mapping, translated)
+    headers.update(_derived(msg, types))
+    if msg.reply_to:
+        # Only an exact route translates a reply queue; '*' says where unknown messages go,
+        # not where their senders listen, so an unrouted reply queue keeps its own name.
+        headers["NServiceBus.ReplyToAddress"] = tables.address(mapping.routes.get(msg.reply_to, msg.reply_to))
+    headers.setdefault("NServiceBus.OriginatingEndpoint", msg.source.queue)
+    headers.setdefault("NServiceBus.OriginatingMachine", msg.source.database)
+
+    kind: Literal["queue", "delayed"] = "queue"
+    queue, expires, due = routed, msg.expires, None
+    if action == "delayed":
+        if msg.due is None:
+            raise BadRow(f"state {msg.state} maps to 'delayed' but the message has no due time")
+        kind, due, expires = "delayed", msg.due, None  # the transport rejects TTBR on delayed messages
+        headers["NServiceBus.DeliverAt"] = to_wire(msg.due)
+    elif action == "error":
+        queue = target.error_queue
+        headers.update(_failure_headers(msg, tables, routed))
+        expires = None
+    elif action == "audit":
+        queue = target.audit_queue
+        headers["NServiceBus.ProcessingEndpoint"] = routed
+        headers["NServiceBus.ProcessingMachine"] = msg.source.database
+        expires = None
+    if expires is not None:
+        headers["NServiceBus.TimeToBeReceived"] = timespan(expires - msg.time_sent)
+
+    values = {
+        "system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
+        "key": msg.source.key, "message_id": str(msg.message_id), "destination": routed,
+        "state": msg.state, "type": types[0] if types else "",
+    }
+    for name, template in mapping.headers.set.items():
+        headers[name] = render_template(template, values, headers)
+    return Outgoing(kind=kind, queue=queue, headers=headers, body=msg.body, expires=expires, due=due)
+
+
+def _legacy_headers(msg: CanonicalMessage, mapping: Mapping, translated: frozenset[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    rename = mapping.headers.rename
+    for name, value in msg.headers.items():
+        if mapping.dropped(name):
+            continue
+        if name in rename:
+            out[rename[name]] = value
+        elif name not in translated:
+            out[name] = value
+    return out
+
+
+def _derived(msg: CanonicalMessage, types: list[str]) -> dict[str, str]:
+    mid = str(msg.message_id)
+    h = {
+        "NServiceBus.MessageId": mid,
+        "NServiceBus.MessageIntent": msg.intent,
+        "NServiceBus.TimeSent": to_wire(msg.time_sent),
+        "NServiceBus.CorrelationId": msg.correlation_id or mid,
+        "NServiceBus.ConversationId": msg.conversation_id or mid,
+        "QBridge.Source": f"{msg.source.system}://{msg.source.database}/{msg.source.queue}/{msg.source.key}",
+    }
+    if types:
+        h["NServiceBus.EnclosedMessageTypes"] = ";".join(dict.fromkeys(types))
+    if msg.content_type:
+        h["NServiceBus.ContentType"] = msg.content_type
+    if msg.priority is not None:
+        h["QBridge.Priority"] = str(msg.priority)
+    return h
+
+
+def _failure_headers(msg: CanonicalMessage, tables: TargetTables, routed: str) -> dict[str, str]:
+    f = msg.failure
+    h = {
+        "NServiceBus.FailedQ": tables.address(routed),
+        "NServiceBus.ProcessingEndpoint": routed,
+        "NServiceBus.ProcessingMachine": msg.source.database,
+    }
+    if f is None:
+        h["NServiceBus.ExceptionInfo.ExceptionType"] = "QBridge.LegacyMessageNotDeliverable"
+        h["NServiceBus.ExceptionInfo.Message"] = f"the legacy message was {msg.state} when qbridge read it"
+        h["NServiceBus.ExceptionInfo.StackTrace"] = ""
+        h["NServiceBus.TimeOfFailure"] = to_wire(utcnow())
+        return h
+    h["NServiceBus.ExceptionInfo.ExceptionType"] = f.exception_type
+    h["NServiceBus.ExceptionInfo.Message"] = f.message[:MESSAGE_MAX]
+    h["NServiceBus.ExceptionInfo.StackTrace"] = f.stack_trace
+    h["NServiceBus.ExceptionInfo.Source"] = f"{msg.source.system}:{f.failed_queue}"
+    h["NServiceBus.TimeOfFailure"] = to_wire(f.time_of_failure)
+    if f.inner_exception_type:
+        h["NServiceBus.ExceptionInfo.InnerExceptionType"] = f.inner_exception_type
+    return h

@@ -1,0 +1,110 @@
+"""Bulk writes into transport tables, each driver by its fast path, inside the caller's transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from bridge.errors import TargetSchemaError
+from bridge.sources.base import Subscription
+from bridge.targets.envelope import Outgoing
+from bridge.targets.nservicebus import TargetTables
+
+
+def headers_json(headers: dict[str, str]) -> str:
+    """The flat JSON object the transports write; `/` escaped as DataContractJsonSerializer does."""
+    return orjson.dumps(headers).decode("utf-8").replace("/", "\\/")
+
+
+def _naive_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC).replace(tzinfo=None)
+
+
+class TargetWriter:
+    """Writes Outgoing rows for one target; remembers what it learned about existing tables."""
+
+    def __init__(self, tables: TargetTables) -> None:
+        self.tables = tables
+        self._checked: dict[str, set[str]] = {}
+
+    def _columns(self, conn: sa.Connection, table: sa.Table) -> set[str]:
+        key = table.fullname
+        if key not in self._checked:
+            insp = sa.inspect(conn)
+            if not insp.has_table(table.name, schema=table.schema):
+                raise TargetSchemaError(
+                    f"target table {table.fullname!r} does not exist; run `qbridge init -c CONFIG` "
+                    "(or have the DBA run `qbridge init --print-sql`)"
+                )
+            self._checked[key] = {c["name"] for c in insp.get_columns(table.name, schema=table.schema)}
+        return self._checked[key]
+
+    def write(self, conn: sa.Connection, outs: Sequence[Outgoing]) -> None:
+        groups: dict[tuple[str, str], list[Outgoing]] = defaultdict(list)
+        for out in outs:
+            groups[(out.kind, out.queue)].append(out)
+        for (kind, queue), items in groups.items():
+            table = self.tables.delayed(queue) if kind == "delayed" else self.tables.queue(queue)
+            have = self._columns(conn, table)
+            rows = [self._row(kind, o, have) for o in items]
+            self._insert(conn, table, rows)
+
+    def _row(self, kind: str, out: Outgoing, have: set[str]) -> dict[str, Any]:
+        t_headers = headers_json(out.headers)
+        if self.tables.flavor == "postgresql":
+            if kind == "delayed":
+                return {"id": uuid.uuid4(), "headers": t_headers, "body": out.body, "due": out.due}
+            return {"id": uuid.uuid4(), "expires": _naive_utc(out.expires), "headers": t_headers, "body": out.body}
+        if kind == "delayed":
+            return {"Headers": t_headers, "Body": out.body, "Due": _naive_utc(out.due)}
+        row: dict[str, Any] = {"Id": uuid.uuid4(), "Expires": _naive_utc(out.expires), "Headers": t_headers, "Body": out.body}
+        # Tables created by transport 7+ still have Recoverable (NOT NULL, no default); older
+        # hand-made ones may not, and the transport itself checks before inserting.
+        if "Recoverable" in have:
+            row["Recoverable"] = True
+        return row
+
+    def _insert(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":
+            copy_rows(conn, table, rows)
+        else:
+            # mssql+pyodbc engines are created with fast_executemany: one array-bound round trip.
+            conn.execute(table.insert(), rows)
+
+    def write_subscriptions(self, conn: sa.Connection, subs: Iterable[tuple[Subscription, str, str]]) -> int:
+        """Upserts (subscription, routed endpoint, queue address) rows; returns how many changed."""
+        t = self.tables.subscriptions()
+        self._columns(conn, t)
+        qa, ep, tp = (self.tables.column(t, n) for n in ("QueueAddress", "Endpoint", "Topic"))
+        changed = 0
+        for sub, endpoint, address in subs:
+            topic = sub.topic
+            existing = conn.execute(sa.select(qa).where(ep == endpoint, tp == topic)).scalar_one_or_none()
+            if existing == address:
+                continue
+            if existing is None:
+                conn.execute(sa.insert(t).values({qa.name: address, ep.name: endpoint, tp.name: topic}))
+            else:
+                conn.execute(sa.update(t).where(ep == endpoint, tp == topic).values({qa.name: address}))
+            changed += 1
+        return changed
+
+
+def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """psycopg COPY ... FROM STDIN on the connection's own transaction."""
+    prep = conn.dialect.identifier_preparer
+    names = list(rows[0])
+    sql = f"COPY {prep.format_table(table)} ({', '.join(prep.quote(n) for n in names)}) FROM STDIN"
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    with raw.cursor() as cur, cur.copy(sql) as copy:
+        for row in rows:
+            copy.write_row([row[n] for n in names])

@@ -1,0 +1,76 @@
+"""Time conversions: legacy local time to UTC, and NServiceBus's wire timestamp format."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+UTC = timezone.utc
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA zone called `name`; ValueError with the name when it does not exist."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as e:
+        raise ValueError(f"unknown time zone {name!r} (expected an IANA name such as 'Europe/Warsaw')") from e
+
+
+def local_to_utc(value: datetime, tz: ZoneInfo) -> datetime:
+    """Reads a naive legacy timestamp as wall-clock time in `tz`.
+
+    In the autumn hour that occurs twice, the first occurrence is taken (fold=0): NGinn
+    stores getdate() without an offset, so the two cannot be told apart.
+    """
+    if value.tzinfo is not None:
+        return value.astimezone(UTC)
+    return value.replace(tzinfo=tz).astimezone(UTC)
+
+
+def to_wire(value: datetime) -> str:
+    """`yyyy-MM-dd HH:mm:ss:ffffff Z`, the format NServiceBus and ServiceControl parse strictly."""
+    if value.tzinfo is None:
+        raise ValueError("a wire timestamp needs a time zone")
+    v = value.astimezone(UTC)
+    return v.strftime("%Y-%m-%d %H:%M:%S:") + f"{v.microsecond:06d} Z"
+
+
+def from_wire(text: str) -> datetime:
+    """Inverse of `to_wire`; as strict as NServiceBus's own parser (28 characters)."""
+    if len(text) != 28 or text[19] != ":" or not text.endswith(" Z"):
+        raise ValueError(f"not a NServiceBus wire timestamp: {text!r}")
+    return datetime.strptime(text[:19], "%Y-%m-%d %H:%M:%S").replace(
+        microsecond=int(text[20:26]), tzinfo=UTC
+    )
+
+
+def timespan(delta: timedelta) -> str:
+    """.NET `TimeSpan.ToString()` ("c" format), as NServiceBus.TimeToBeReceived is written."""
+    total_us = int(delta / timedelta(microseconds=1))
+    sign = "-" if total_us < 0 else ""
+    total_us = abs(total_us)
+    days, rem = divmod(total_us, 86_400_000_000)
+    hours, rem = divmod(rem, 3_600_000_000)
+    minutes, rem = divmod(rem, 60_000_000)
+    seconds, micros = divmod(rem, 1_000_000)
+    text = f"{hours:02d}:{minutes:02d}:{seconds:02d}"
+    if days:
+        text = f"{days}.{text}"
+    if micros:
+        text += f".{micros * 10:07d}"
+    return sign + text
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "500ms", "5s", "15m", "2h", "1d"; ValueError naming the text otherwise."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (expected a number and ms, s, m, h or d, e.g. '5s')")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -16,8 +16,9 @@ from bridge.config import Config, load_config
 from bridge.errors import BridgeError
 from bridge.pipeline.loop import JobRunner, PassStats
 
-out = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, `| less`) gets room for the summary tables instead of 80 columns.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def _parser() -> argparse.ArgumentParser:

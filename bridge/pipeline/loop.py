@@ -150,7 +150,9 @@ class JobRunner:
                 raise RetryableError(
                     f"another qbridge job delivered messages of {source.queue!r} at the same time; the pass is rolled back and retried"
                 ) from None
-            cp.gaps = fill(still_open, [r.key for r in late]) + holes(cp.high, [r.key for r in new], now)
+            # Before the first row ever read, every id from 1 up may still commit late.
+            start = cp.high if cp.high is not None else 0
+            cp.gaps = fill(still_open, [r.key for r in late]) + holes(start, [r.key for r in new], now)
             if new:
                 cp.high = new[-1].key
             cp.pending = consume
@@ -159,6 +161,7 @@ class JobRunner:
                 cp.lag_seconds = stats.lag_seconds
             self.state.save_checkpoint(tconn, cp)
             self._version = cp.version
+            faults.reached("before_target_commit")
         stats.read = len(rows)
         stats.more = len(new) >= job.batch_size
         stats.gaps_open = len(cp.gaps)

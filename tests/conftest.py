@@ -1,0 +1,68 @@
+"""Real databases for the tests: PostgreSQL and MariaDB on this machine, SQLite in a temp dir.
+
+A test that needs a server skips when the server is unreachable on a developer's machine and
+fails in CI (CI=true), where a missing database is a broken run, not a reason to pass.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from bridge.db import dispose_all
+
+PG_URL = os.environ.get("QBRIDGE_TEST_PG_URL", "postgresql+psycopg://127.0.0.1/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _reachable(url: str) -> str | None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure means "not reachable"
+        return str(e).splitlines()[0]
+    finally:
+        engine.dispose()
+
+
+def require(url: str, what: str) -> None:
+    problem = _reachable(url)
+    if problem:
+        message = f"{what} at {url} is not reachable: {problem}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    require(PG_URL, "PostgreSQL")
+    return PG_URL
+
+
+@pytest.fixture()
+def pg_schema(pg_server: str) -> Iterator[str]:
+    """A fresh schema, dropped afterwards."""
+    name = f"qb_{uuid.uuid4().hex[:10]}"
+    engine = sa.create_engine(pg_server)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{name}"'))
+    try:
+        yield name
+    finally:
+        dispose_all()
+        with engine.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{name}" CASCADE'))
+        engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engines() -> Iterator[None]:
+    yield
+    dispose_all()

@@ -1,0 +1,175 @@
+"""A legacy side and an NServiceBus side on real databases, with a config that joins them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import orjson
+import sqlalchemy as sa
+
+from bridge.cli import main as cli_main
+from bridge.config import load_config
+from bridge.pipeline.loop import JobRunner
+from bridge.samples import create_nginn_queue, nginn_row
+
+TZ = "Europe/Warsaw"
+
+MAPPING = """\
+[routes]
+"MQueue1" = "Orders"
+"MQueue2" = "Billing"
+"Sender"  = "Sales"
+"*"       = "Unrouted"
+
+[headers.rename]
+"_NG-ReplyTo" = "NServiceBus.ReplyToAddress"
+"Tenant" = "Acme.Tenant"
+
+[headers.set]
+"Acme.Origin" = "legacy {queue}#{key}"
+
+[headers.drop]
+names = ["_NG-Seq*"]
+
+[types]
+"Orders.PlaceOrder, Orders" = "Orders.Messages.PlaceOrder, Orders.Messages"
+
+[states]
+ready = "queue"
+delayed = "delayed"
+failed = "error"
+processed = "skip"
+"""
+
+
+@dataclass
+class Bridge:
+    """One test setup: where the legacy tables are, where NServiceBus is, and the config."""
+
+    tmp: Path
+    source_url: str
+    target_url: str
+    source_schema: str | None = None
+    target_schema: str | None = None
+    flavor: str = "postgresql"
+    queues: list[str] = field(default_factory=lambda: ["MQueue1"])
+    mode: str = "copy"
+    batch_size: int = 1000
+    window: str = "15m"
+    mapping: str = MAPPING
+
+    def __post_init__(self) -> None:
+        self.source = sa.create_engine(self.source_url)
+        self.target = sa.create_engine(self.target_url)
+        self.tables = {q: create_nginn_queue(self.source, q, self.source_schema) for q in self.queues}
+        self.write_config()
+
+    def write_config(self) -> None:
+        (self.tmp / "mapping.toml").write_text(self.mapping)
+        src_schema = f', schema = "{self.source_schema}"' if self.source_schema else ""
+        tgt_schema = f', schema = "{self.target_schema}"' if self.target_schema else ""
+        queues = ", ".join(f'"{q}"' for q in self.queues)
+        self.config = self.tmp / "bridge.toml"
+        self.config.write_text(f"""
+[connections]
+legacy = "{self.source_url}"
+nsb    = "{self.target_url}"
+
+[[jobs]]
+name     = "job1"
+source   = {{ system = "nginn", connection = "legacy", queues = [{queues}], timezone = "{TZ}", database = "LegacyDb"{src_schema} }}
+target   = {{ connection = "nsb", flavor = "{self.flavor}"{tgt_schema} }}
+mapping  = "mapping.toml"
+mode     = "{self.mode}"
+batch_size = {self.batch_size}
+late_commit_window = "{self.window}"
+""")
+
+    # -- legacy side -----------------------------------------------------------------------
+    def now_local(self) -> datetime:
+        return datetime.now(ZoneInfo(TZ)).replace(tzinfo=None, microsecond=0)
+
+    def insert(self, rows: list[dict[str, Any]], queue: str = "MQueue1") -> list[int]:
+        with self.source.begin() as conn:
+            return self.insert_in(conn, rows, queue)
+
+    def insert_in(self, conn: sa.Connection, rows: list[dict[str, Any]], queue: str = "MQueue1") -> list[int]:
+        t = self.tables[queue]
+        ids = []
+        for row in rows:
+            ids.append(conn.execute(t.insert().values(row).returning(t.c.id)).scalar_one())
+        return ids
+
+    def ready(self, n: int, queue: str = "MQueue1", start: int = 1) -> list[dict[str, Any]]:
+        now = self.now_local()
+        return [nginn_row(queue, i, now, headers="Tenant=acme|_NG-Seq=1") for i in range(start, start + n)]
+
+    def subqueues(self, queue: str = "MQueue1") -> dict[int, str]:
+        t = self.tables[queue]
+        with self.source.connect() as conn:
+            return dict(conn.execute(sa.select(t.c.id, t.c.subqueue)).all())
+
+    # -- NServiceBus side --------------------------------------------------------------------
+    def _qualified(self, name: str) -> str:
+        prep = self.target.dialect.identifier_preparer
+        q = prep.quote_identifier(name)
+        return f"{prep.quote_identifier(self.target_schema)}.{q}" if self.target_schema else q
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        """Rows of a transport table with headers parsed; column names in SQL Server spelling."""
+        with self.target.connect() as conn:
+            result = conn.execute(sa.text(f"select * from {self._qualified(table)}")).mappings().all()
+        out = []
+        for r in result:
+            row = {k.lower(): v for k, v in r.items()}
+            row["headers"] = orjson.loads(row["headers"])
+            out.append(row)
+        return out
+
+    def count(self, table: str) -> int:
+        with self.target.connect() as conn:
+            return conn.execute(sa.text(f"select count(*) from {self._qualified(table)}")).scalar_one()
+
+    def delete_all(self, table: str) -> None:
+        """What an NServiceBus endpoint does when it consumes its queue."""
+        with self.target.begin() as conn:
+            conn.execute(sa.text(f"delete from {self._qualified(table)}"))
+
+    def message_ids(self, *tables: str) -> Counter[str]:
+        c: Counter[str] = Counter()
+        for t in tables:
+            c.update(r["headers"]["NServiceBus.MessageId"] for r in self.rows(t))
+        return c
+
+    def ledger(self) -> Counter[str]:
+        with self.target.connect() as conn:
+            name = self._qualified("qbridge_ledger")
+            return Counter(dict(conn.execute(sa.text(f"select outcome, count(*) from {name} group by outcome")).all()))
+
+    # -- running qbridge ---------------------------------------------------------------------
+    def cli(self, *args: str) -> int:
+        return cli_main([*args[:1], "-c", str(self.config), *args[1:]])
+
+    def runner(self) -> JobRunner:
+        config = load_config(self.config)
+        return JobRunner(config, config.jobs[0])
+
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "bridge.cli", args[0], "-c", str(self.config), *args[1:]]
+        return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def dispose(self) -> None:
+        self.source.dispose()
+        self.target.dispose()
+
+
+def local(dt: datetime, hours: float = 0) -> datetime:
+    return dt + timedelta(hours=hours)

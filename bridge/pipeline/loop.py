@@ -17,7 +17,7 @@ from sqlalchemy import exc as sa_exc
 
 from bridge import faults
 from bridge.config import Config, JobConfig
-from bridge.db import engine_for
+from bridge.db import describe, engine_for
 from bridge.errors import BadRow, RetryableError
 from bridge.model import message_id_for
 from bridge.pipeline.gaps import Gap, expire, fill, holes
@@ -94,12 +94,19 @@ class JobRunner:
         return message_id_for(source.system, self.database, source.queue, str(row.key))
 
     def check(self) -> None:
-        """Source tables exist and look right; checkpoints exist. Raises a clear error if not."""
-        with self.source_engine.connect() as conn:
-            for source in self.sources.values():
-                source.check_schema(conn)
-        for queue in self.sources:
-            self._prepare(queue)
+        """Both databases answer, source tables look right, checkpoints exist; a clear error if not."""
+        job = self.job
+        try:
+            with self.source_engine.connect() as conn:
+                for source in self.sources.values():
+                    source.check_schema(conn)
+        except sa_exc.SQLAlchemyError as e:
+            raise describe(e, job.source.connection, self.source_url) from None
+        try:
+            for queue in self.sources:
+                self._prepare(queue)
+        except sa_exc.SQLAlchemyError as e:
+            raise describe(e, job.target.connection, self.target_url) from None
 
     def _prepare(self, queue: str) -> None:
         if queue not in self._ready:

@@ -126,7 +126,7 @@ class TargetTables:
             sa.Index(self._index_name("Index_RowVersion", name), t.c.RowVersion, mssql_clustered=False)
         sa.Index(
             self._index_name("Index_Expires", name), t.c.Expires,
-            mssql_include=["Id", "RowVersion"], mssql_where=t.c.Expires.isnot(None),
+            mssql_include=["Id", "RowVersion"], mssql_where=t.c.Expires.isnot(None), mssql_clustered=False,
             postgresql_where=t.c.Expires.isnot(None),
         )
         return t
@@ -140,7 +140,7 @@ class TargetTables:
             _row_version("RowVersion", self.backend),
             schema=self.table_schema,
         )
-        sa.Index(self._index_name("Index_Due", name), t.c.Due)
+        sa.Index(self._index_name("Index_Due", name), t.c.Due, mssql_clustered=False)
         return t
 
     def _index_name(self, base: str, table: str) -> str:

@@ -1,0 +1,91 @@
+"""SQL Server has no server here: every statement qbridge runs there is compiled with the mssql
+dialect and compared with what NGinn and the NServiceBus transport themselves run."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mssql
+
+from bridge.config import load_config
+from bridge.db import engine_for
+from bridge.state import State
+from bridge.targets.nservicebus import TargetTables
+
+DIALECT = mssql.dialect()
+
+
+def sql(stmt: sa.ClauseElement) -> str:
+    return re.sub(r"\s+", " ", str(stmt.compile(dialect=DIALECT)))
+
+
+def test_engine_uses_fast_executemany() -> None:
+    engine = engine_for("mssql+pyodbc://u:p@some-dsn")
+    assert engine.dialect.fast_executemany is True
+
+
+def _nginn_source(tmp: Path, mode: str):
+    (tmp / "m.toml").write_text('[routes]\n"*" = "Orders"\n')
+    (tmp / "c.toml").write_text(f"""[connections]
+legacy = "mssql+pyodbc://u:p@legacy-dsn"
+nsb = "mssql+pyodbc://u:p@nsb-dsn"
+[[jobs]]
+name = "j"
+mode = "{mode}"
+source = {{ system = "nginn", connection = "legacy", queues = ["MQueue1"], timezone = "UTC", schema = "dbo" }}
+target = {{ connection = "nsb", flavor = "sqlserver" }}
+mapping = "m.toml"
+""")
+    from bridge.pipeline.loop import JobRunner
+
+    config = load_config(tmp / "c.toml")
+    return JobRunner(config, config.jobs[0]).sources["MQueue1"]
+
+
+def test_move_mode_reads_with_nginn_receiver_hints(tmp_path: Path) -> None:
+    source = _nginn_source(tmp_path, "move")
+    stmt = sql(source._select(lock=True).where(source.table.c.id > 5).limit(100))
+    # NGinn's SelectAndLockNext1: `with (UPDLOCK, READPAST)`, ordered; ours adds ROWLOCK
+    assert "FROM dbo.[MQueue1] WITH (UPDLOCK, ROWLOCK, READPAST)" in stmt
+    assert stmt.startswith("SELECT TOP __[POSTCOMPILE_param_1]") and "ORDER BY dbo.[MQueue1].id" in stmt
+
+
+def test_copy_mode_reads_past_locked_rows(tmp_path: Path) -> None:
+    source = _nginn_source(tmp_path, "copy")
+    stmt = sql(source._select(lock=False))
+    assert "FROM dbo.[MQueue1] WITH (READPAST)" in stmt and "UPDLOCK" not in stmt
+
+
+def test_consume_is_nginns_i_to_x_update() -> None:
+    from bridge.sources.nginn import CONSUMABLE, queue_table
+
+    t = queue_table("MQueue1", "dbo")
+    stmt = sql(sa.update(t).where(t.c.id.in_([1, 2]), t.c.subqueue.in_(CONSUMABLE)).values(subqueue="X", last_processed=sa.bindparam("now")))
+    assert stmt.startswith("UPDATE dbo.[MQueue1] SET subqueue=:subqueue, last_processed=:now WHERE dbo.[MQueue1].id IN")
+    assert "subqueue IN (__[POSTCOMPILE_subqueue_1])" in stmt
+
+
+def test_queue_insert_matches_the_transport_send() -> None:
+    t = TargetTables("sqlserver", "dbo", "mssql", "nsb").queue("Orders")
+    stmt = sql(sa.insert(t).values({"Id": sa.bindparam("Id"), "Recoverable": sa.bindparam("R"), "Expires": None, "Headers": "", "Body": b""}))
+    assert stmt.startswith("INSERT INTO dbo.[Orders] ([Id], [Recoverable], [Expires], [Headers], [Body]) VALUES")
+
+
+def test_delayed_insert_has_headers_body_due() -> None:
+    t = TargetTables("sqlserver", "dbo", "mssql").delayed("Orders")
+    stmt = sql(sa.insert(t).values({"Headers": "", "Body": b"", "Due": sa.bindparam("d")}))
+    assert stmt.startswith("INSERT INTO dbo.[Orders.Delayed] ([Headers], [Body], [Due]) VALUES")
+
+
+def test_checkpoint_lock_and_ledger_lookup() -> None:
+    state = State("dbo")
+    c = state.checkpoint
+    stmt = sql(sa.select(c).where(c.c.job == "j").with_for_update().with_hint(c, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
+    assert "FROM dbo.qbridge_checkpoint WITH (UPDLOCK, ROWLOCK)" in stmt
+
+
+def test_sql_server_addresses() -> None:
+    assert TargetTables("sqlserver", "dbo", "mssql", "nsb").address("Sales") == "Sales@[dbo]@[nsb]"
+    assert TargetTables("sqlserver", "my]schema", "mssql").address("Sales") == "Sales@[my]]schema]"

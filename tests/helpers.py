@@ -17,37 +17,17 @@ import sqlalchemy as sa
 
 from bridge.cli import main as cli_main
 from bridge.config import load_config
+from bridge.demo import MAPPING as DEMO_MAPPING
 from bridge.pipeline.loop import JobRunner
 from bridge.samples import create_nginn_queue, nginn_row
 
 TZ = "Europe/Warsaw"
 
-MAPPING = """\
-[routes]
-"MQueue1" = "Orders"
-"MQueue2" = "Billing"
-"Sender"  = "Sales"
-"*"       = "Unrouted"
-
-[headers.rename]
-"_NG-ReplyTo" = "NServiceBus.ReplyToAddress"
-"Tenant" = "Acme.Tenant"
-
-[headers.set]
-"Acme.Origin" = "legacy {queue}#{key}"
-
-[headers.drop]
-names = ["_NG-Seq*"]
-
-[types]
-"Orders.PlaceOrder, Orders" = "Orders.Messages.PlaceOrder, Orders.Messages"
-
-[states]
-ready = "queue"
-delayed = "delayed"
-failed = "error"
-processed = "skip"
-"""
+# The demo's mapping, plus a renamed custom header and a template, so both rules are exercised.
+MAPPING = DEMO_MAPPING.replace(
+    '"_NG-ReplyTo" = "NServiceBus.ReplyToAddress"\n',
+    '"_NG-ReplyTo" = "NServiceBus.ReplyToAddress"\n"Tenant" = "Acme.Tenant"\n',
+).replace('"NServiceBus.OriginatingEndpoint" = "Legacy.{queue}"', '"Acme.Origin" = "legacy {queue}#{key}"')
 
 
 @dataclass

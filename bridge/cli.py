@@ -97,26 +97,21 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from bridge.retry import with_backoff
+    from bridge.pipeline.inprocess import run_inprocess
 
     _, runners = _runners(args)
-    totals: list[PassStats] = []
-    for runner in runners:
-        with_backoff(runner.check, f"job {runner.job.name}: checking tables", attempts=args.retries)
-        with_backoff(runner.sync_subscriptions, f"job {runner.job.name}: subscriptions", attempts=args.retries)
-        for queue in runner.sources:
-            stats = with_backoff(lambda q=queue, r=runner: r.drain(q), f"job {runner.job.name} queue {queue}", attempts=args.retries)
-            totals.append(_named(stats, runner.job.name))
-    _summary(totals)
+    _summary(run_inprocess(runners, console=err, attempts=args.retries))
     return 0
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from bridge.pipeline.inprocess import migrate
+    from bridge.pipeline.inprocess import run_inprocess
 
-    config, runners = _runners(args)
-    totals = migrate(runners, console=err, master=args.master)
-    _summary(totals)
+    _, runners = _runners(args)
+    if args.master != "local[*]":
+        logging.getLogger("qbridge.migrate").warning(
+            "the Spark engine is not built yet; --master %s is ignored and the in-process engine runs", args.master)
+    _summary(run_inprocess(runners, console=err))
     return 0
 
 
@@ -171,11 +166,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from bridge.demo import run_demo
 
     return run_demo(args.dir, out)
-
-
-def _named(stats: PassStats, job: str) -> PassStats:
-    stats.queue = f"{job}/{stats.queue}"
-    return stats
 
 
 def _summary(totals: list[PassStats]) -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 from bridge import provision
 from bridge.config import load_config
 from bridge.db import dispose_all, engine_for
-from bridge.pipeline.inprocess import migrate
+from bridge.pipeline.inprocess import run_inprocess
 from bridge.pipeline.loop import JobRunner
 from bridge.reconcile import verify
 from bridge.samples import create_nginn_queue, create_nginn_subscriptions, demo_rows
@@ -94,7 +94,7 @@ def run_demo(directory: str | None, console: Console) -> int:
             created, _ = provision.create_missing(p)
             console.print(f"created {len(created)} NServiceBus and qbridge tables", markup=False)
         runners = [JobRunner(config, job) for job in config.jobs]
-        totals = migrate(runners, console=console)
+        totals = run_inprocess(runners, console=console)
         t = Table(title="what moved")
         for col in ("legacy queue", "read", "delivered", "skipped", "quarantined"):
             t.add_column(col)

@@ -90,7 +90,17 @@ class Mapping(BaseModel):
         return sorted(set(self.routes.values()))
 
     def dropped(self, header: str) -> bool:
-        return any(fnmatch.fnmatchcase(header, pattern) for pattern in self.headers.drop.names)
+        return self._drop_re is not None and self._drop_re.match(header) is not None
+
+    @property
+    def _drop_re(self) -> re.Pattern[str] | None:
+        # One compiled alternation instead of fnmatch per pattern per header: this runs per message.
+        cached = self.__dict__.get("_drop_compiled", False)
+        if cached is False:
+            names = self.headers.drop.names
+            cached = re.compile("|".join(fnmatch.translate(n) for n in names)) if names else None
+            self.__dict__["_drop_compiled"] = cached
+        return cached
 
 
 def check_template(template: str, header: str) -> None:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from bridge.pipeline.gaps import Gap
+from bridge.targets.bulk import insert_rows
 from bridge.timefmt import UTC, utcnow
 
 LEDGER = "qbridge_ledger"
@@ -201,13 +202,13 @@ class State:
                quarantined: Sequence[Quarantined]) -> None:
         now = _naive(utcnow())
         if entries:
-            conn.execute(sa.insert(self.ledger), [
+            insert_rows(conn, self.ledger, [
                 {"message_id": str(e.message_id), "job": job, "queue": queue, "source_key": e.source_key,
                  "outcome": e.outcome, "target": e.target, "reason": (e.reason or None) and e.reason[:500], "at": now}
                 for e in entries
             ])
         if quarantined:
-            conn.execute(sa.insert(self.quarantine), [
+            insert_rows(conn, self.quarantine, [
                 {"message_id": str(q.message_id), "job": job, "queue": queue, "source_key": q.source_key,
                  "reason": q.reason, "raw": orjson.dumps(q.raw).decode(), "at": now}
                 for q in quarantined

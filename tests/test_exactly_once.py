@@ -183,3 +183,18 @@ def test_ids_rolled_back_are_given_up_after_the_window(make) -> None:
 
     assert job_status(status)["queues"][0]["open_gaps"] == 0
     assert b.cli("verify") == 0
+
+
+@pytest.mark.slow
+def test_two_jobs_reading_one_queue_at_once_deliver_each_message_once(make) -> None:
+    b = make(batch_size=20)
+    text = b.config.read_text()
+    job = text[text.index("[[jobs]]"):]
+    b.config.write_text(text + job.replace('name     = "job1"', 'name     = "job2"'))
+    b.insert(b.ready(600))
+    procs = [b.spawn("sync", "--once", "--job", name) for name in ("job1", "job2")]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    _exactly_once(b, 600)
+    assert b.cli("verify") == 0

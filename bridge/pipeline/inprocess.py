@@ -1,8 +1,7 @@
-"""The in-process engine for `qbridge migrate`: the framework loop with a progress bar."""
+"""The in-process engine (`sync --once`, and `migrate` until Spark): the framework loop with a progress bar."""
 
 from __future__ import annotations
 
-import logging
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -10,7 +9,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bridge.pipeline.loop import JobRunner, PassStats
 from bridge.retry import with_backoff
 
-log = logging.getLogger("qbridge.migrate")
 
 
 def backlog(runner: JobRunner) -> dict[str, int]:
@@ -23,14 +21,14 @@ def backlog(runner: JobRunner) -> dict[str, int]:
         }
 
 
-def migrate(runners: list[JobRunner], console: Console, master: str | None = None) -> list[PassStats]:
-    if master and master != "local[*]":
-        log.warning("the Spark engine is not built yet; --master %s is ignored and the in-process engine runs", master)
+def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5) -> list[PassStats]:
+    """Every queue of every job until no full batch is left; retryable failures back off."""
     plans = []
     for runner in runners:
-        with_backoff(runner.check, f"job {runner.job.name}: checking tables")
-        with_backoff(runner.sync_subscriptions, f"job {runner.job.name}: subscriptions")
-        plans.append((runner, with_backoff(lambda r=runner: backlog(r), f"job {runner.job.name}: counting rows")))
+        name = runner.job.name
+        with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
+        with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
+        plans.append((runner, with_backoff(lambda r=runner: backlog(r), f"job {name}: counting rows", attempts=attempts)))
     totals: list[PassStats] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
@@ -44,7 +42,7 @@ def migrate(runners: list[JobRunner], console: Console, master: str | None = Non
                     progress.update(task, advance=stats.read)
 
                 # Each pass commits, so a retry after a failure resumes where it stopped.
-                with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}")
+                with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}", attempts=attempts)
                 progress.update(task, completed=max(n, done.read, 1))
                 totals.append(done)
     return totals

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
 from bridge.sources.base import Subscription
+from bridge.targets.bulk import insert_rows
 from bridge.targets.envelope import Outgoing
 from bridge.targets.nservicebus import TargetTables
 
@@ -53,7 +54,7 @@ class TargetWriter:
             table = self.tables.delayed(queue) if kind == "delayed" else self.tables.queue(queue)
             have = self._columns(conn, table)
             rows = [self._row(kind, o, have) for o in items]
-            self._insert(conn, table, rows)
+            insert_rows(conn, table, rows)
 
     def _row(self, kind: str, out: Outgoing, have: set[str]) -> dict[str, Any]:
         t_headers = headers_json(out.headers)
@@ -69,15 +70,6 @@ class TargetWriter:
         if "Recoverable" in have:
             row["Recoverable"] = True
         return row
-
-    def _insert(self, conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":
-            copy_rows(conn, table, rows)
-        else:
-            # mssql+pyodbc engines are created with fast_executemany: one array-bound round trip.
-            conn.execute(table.insert(), rows)
 
     def write_subscriptions(self, conn: sa.Connection, subs: Iterable[tuple[Subscription, str, str]]) -> int:
         """Upserts (subscription, routed endpoint, queue address) rows; returns how many changed."""
@@ -96,15 +88,3 @@ class TargetWriter:
                 conn.execute(sa.update(t).where(ep == endpoint, tp == topic).values({qa.name: address}))
             changed += 1
         return changed
-
-
-def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-    """psycopg COPY ... FROM STDIN on the connection's own transaction."""
-    prep = conn.dialect.identifier_preparer
-    names = list(rows[0])
-    sql = f"COPY {prep.format_table(table)} ({', '.join(prep.quote(n) for n in names)}) FROM STDIN"
-    raw = conn.connection.dbapi_connection
-    assert raw is not None
-    with raw.cursor() as cur, cur.copy(sql) as copy:
-        for row in rows:
-            copy.write_row([row[n] for n in names])

@@ -1,0 +1,36 @@
+"""Many rows into one table inside the caller's transaction, by the driver's fast path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+
+def insert_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """psycopg COPY on PostgreSQL; elsewhere executemany (array-bound on mssql+pyodbc, whose
+    engines qbridge creates with fast_executemany)."""
+    if not rows:
+        return
+    if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":
+        copy_rows(conn, table, rows)
+    else:
+        conn.execute(table.insert(), rows)
+
+
+def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+    """`COPY ... FROM STDIN` on the connection's own transaction."""
+    prep = conn.dialect.identifier_preparer
+    names = list(rows[0])
+    sql = f"COPY {prep.format_table(table)} ({', '.join(prep.quote(n) for n in names)}) FROM STDIN"
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    dbapi = conn.dialect.loaded_dbapi
+    try:
+        with raw.cursor() as cur, cur.copy(sql) as copy:
+            for row in rows:
+                copy.write_row([row[n] for n in names])
+    except dbapi.Error as e:
+        # COPY bypasses SQLAlchemy's execute; wrap the driver error the way execute would
+        # (IntegrityError, OperationalError, ...) so callers see one kind of error everywhere.
+        raise sa.exc.DBAPIError.instance(sql, None, e, dbapi.Error) from e

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from bridge.samples import DOTNET_ERROR, create_nginn_subscriptions, nginn_row
 from bridge.timefmt import from_wire
-from helpers import TZ, Bridge
+from helpers import MAPPING, TZ, Bridge
 
 BACKENDS = ["sqlite", "postgres", "postgres-sqlserver-flavor"]
 
@@ -187,3 +187,26 @@ def _subscriptions(bridge: Bridge) -> list[dict[str, str]]:
     with bridge.target.connect() as conn:
         prefix = f'"{bridge.target_schema}".' if bridge.target_schema else ""
         return [{k.lower(): v for k, v in r.items()} for r in conn.execute(sa.text(f'select * from {prefix}"SubscriptionRouting"')).mappings()]
+
+
+def test_ttl_expiry_and_audit(tmp_path: Path, request: pytest.FixtureRequest, bridge_param: str) -> None:
+    request.param = bridge_param
+    mapping = MAPPING.replace('processed = "skip"', 'processed = "audit"')
+    for b in make_bridge(request, tmp_path, mapping=mapping):
+        now = b.now_local()
+        fmt = "%Y-%m-%d %H:%M:%S"
+        ids = b.insert([
+            nginn_row("MQueue1", 1, now, headers="_NG-TTL=" + (now + timedelta(hours=1)).strftime(fmt)),
+            nginn_row("MQueue1", 2, now - timedelta(hours=2), headers="_NG-TTL=" + (now - timedelta(hours=1)).strftime(fmt)),
+            nginn_row("MQueue1", 3, now, subqueue="X"),
+        ])
+        assert b.cli("sync", "--once") == 0
+        [q] = b.rows("Orders")
+        assert q["headers"]["NGinn.BusMessageId"] == str(ids[0])
+        assert q["headers"]["NServiceBus.TimeToBeReceived"] == "01:00:00"
+        expected = (now + timedelta(hours=1)).replace(tzinfo=ZoneInfo(TZ)).astimezone(UTC)
+        assert as_utc(q["expires"]) == expected
+        [a] = b.rows("audit")
+        assert a["headers"]["NGinn.BusMessageId"] == str(ids[2]) and a["headers"]["NServiceBus.ProcessingEndpoint"] == "Orders"
+        assert b.ledger() == {"delivered": 2, "skipped": 1}  # the expired one, as NGinn would drop it
+        assert b.cli("verify") == 0

@@ -185,6 +185,8 @@ class NGinnSource(Source):
             meta["NGinn.UniqueId"] = v["unique_id"]
         if v["label"]:
             meta["NGinn.Label"] = v["label"]
+        if v["retry_count"]:
+            meta["NGinn.RetryCount"] = str(v["retry_count"])
         key = str(row.key)
         try:
             return CanonicalMessage(

@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="one JSON document on stdout")
     st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
     st.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ins = cmd("inspect", "decode legacy blobs saved to files and print what qbridge reads from them", config=False, job=False)
+    ins.add_argument("kind", choices=sorted(INSPECTORS), help="what the file holds")
+    ins.add_argument("files", nargs="+", metavar="FILE", help="the blob (several for biztalk-part: the fragments in order)")
+    ins.add_argument("--json", action="store_true", help="one JSON document on stdout")
     return p
 
 
@@ -160,6 +164,35 @@ def cmd_status(args: argparse.Namespace) -> int:
         if r["source_error"]:
             out.print(f"job {r['job']}: legacy database unreachable, backlog unknown: {r['source_error']}", markup=False)
     return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from bridge.errors import UnreadableBlob
+
+    try:
+        blobs = [open(f, "rb").read() for f in args.files]
+    except OSError as e:
+        raise UnreadableBlob(f"{e.filename}: {e.strerror}") from None
+    try:
+        result = INSPECTORS[args.kind](blobs)
+    except ValueError as e:
+        raise UnreadableBlob(f"{', '.join(args.files)}: {e}") from None
+    if args.json:
+        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        out.print_json(data=result)
+    return 0
+
+
+def _inspect_openjms(blobs: list[bytes]) -> dict:
+    from bridge.codecs.openjms_blob import decode
+
+    if len(blobs) != 1:
+        raise ValueError("openjms-message takes exactly one file")
+    return decode(blobs[0]).to_json()
+
+
+INSPECTORS: dict[str, Callable[[list[bytes]], dict]] = {"openjms-message": _inspect_openjms}
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

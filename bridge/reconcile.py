@@ -56,6 +56,10 @@ def verify(runner: JobRunner) -> JobBooks:
         checkpoints = runner.state.read_checkpoints(tconn, job)
         for queue, source in runner.sources.items():
             b = QueueBooks(queue)
+            if getattr(source, "cursor", "monotonic") == "scan":
+                _scan_books(runner, tconn, sconn, source, b)
+                books.append(b)
+                continue
             cp = checkpoints.get(queue)
             high = cp.high if cp else None
             b.backlog = source.count_after(sconn, high)
@@ -87,12 +91,25 @@ def verify(runner: JobRunner) -> JobBooks:
                         if len(b.missing_keys) < 20:
                             b.missing_keys.append(k)
             books.append(b)
-        first = next(iter(runner.sources.values()))
+        subs = {s for source in runner.sources.values() for s in source.subscriptions(sconn)}
         unroutable = [
             {"endpoint": s.endpoint, "topic": s.topic, "reason": "no route for the subscriber queue"}
-            for s in first.subscriptions(sconn) if s.endpoint not in runner.mapping.routes
+            for s in sorted(subs, key=lambda s: (s.endpoint, s.topic)) if s.endpoint not in runner.mapping.routes
         ]
     return JobBooks(job, books, unroutable)
+
+
+def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, b: QueueBooks) -> None:
+    """A scan source has no checkpoint: each row there now is in an outcome or in the backlog."""
+    keys = [str(k) for k in source.scan_keys(sconn)]
+    outcomes = _outcomes_by_id(runner, tconn, source, keys)
+    for k in keys:
+        outcome = outcomes.get(k)
+        if outcome is None:
+            b.backlog += 1
+        else:
+            b.source_rows += 1
+            setattr(b, outcome, getattr(b, outcome) + 1)
 
 
 def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str]) -> dict[str, str]:
@@ -104,6 +121,13 @@ def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: 
     return {by_str[mid]: outcome for mid, outcome in found.items()}
 
 
+def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:
+    if getattr(source, "cursor", "monotonic") == "scan":
+        keys = [str(k) for k in source.scan_keys(sconn)]
+        return len(keys) - len(_outcomes_by_id(runner, tconn, source, keys))
+    return source.count_after(sconn, cp.high if cp else None)
+
+
 def status(runner: JobRunner) -> dict[str, Any]:
     """Per job: last run, rows moved, lag, backlog, quarantine count (and per queue)."""
     job = runner.job.name
@@ -113,9 +137,8 @@ def status(runner: JobRunner) -> dict[str, Any]:
     queues = []
     backlog_error = None
     try:
-        with runner.source_engine.connect() as sconn:
-            backlogs = {q: s.count_after(sconn, checkpoints[q].high if q in checkpoints else None)
-                        for q, s in runner.sources.items()}
+        with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
+            backlogs = {q: backlog_of(runner, tconn, sconn, s, checkpoints.get(q)) for q, s in runner.sources.items()}
     except sa.exc.SQLAlchemyError as e:
         backlogs = {}
         backlog_error = str(getattr(e, "orig", e)).splitlines()[0]

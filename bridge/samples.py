@@ -78,3 +78,34 @@ def demo_rows(queue: str, now: datetime, count: int = 20) -> list[dict[str, Any]
     rows.append(nginn_row(queue, 105, now, headers="Filter=a=b"))  # NGinn wrote it, NGinn cannot read it
     rows.append(nginn_row(queue, 106, now, body="{not json"))
     return rows
+
+
+def openjms_store(conn: sa.Connection) -> dict[str, sa.Table]:
+    """An empty OpenJMS 0.7.6 store, created by OpenJMS's own script for this database."""
+    from bridge.sources import openjms_schema
+
+    openjms_schema.create(conn)
+    return openjms_schema.tables()
+
+
+def openjms_destination(conn: sa.Connection, t: dict[str, sa.Table], name: str, dest_id: int, queue: bool,
+                        subscribers: dict[str, int] | None = None) -> None:
+    """A destination as RDBMSAdapter.addDestination writes it: a queue gets a consumer named after itself."""
+    flag: Any = ("1" if queue else "0") if conn.dialect.name == "postgresql" else int(queue)
+    conn.execute(t["destinations"].insert().values(name=name, isqueue=flag, destinationid=dest_id))
+    consumers = {name: dest_id * 100} if queue else dict(subscribers or {})
+    for consumer, cid in consumers.items():
+        conn.execute(t["consumers"].insert().values(name=consumer, destinationid=dest_id, consumerid=cid, created=0))
+
+
+def openjms_message(conn: sa.Connection, t: dict[str, sa.Table], message_id: str, dest_id: int, blob: bytes,
+                    consumers: list[int], accepted: int = 1_141_916_400_000, expiry: int = 0, delivered: int = 0,
+                    with_message_row: bool = True) -> None:
+    """A persisted message and its handles, as Messages.add and MessageHandles.addMessageHandle write them."""
+    if with_message_row:
+        conn.execute(t["messages"].insert().values(messageid=message_id, destinationid=dest_id, priority=4,
+                                                  createtime=accepted, expirytime=expiry, processed=0, messageblob=blob))
+    for i, cid in enumerate(consumers):
+        conn.execute(t["message_handles"].insert().values(
+            messageid=message_id, destinationid=dest_id, consumerid=cid, priority=4, acceptedtime=accepted,
+            sequencenumber=i, expirytime=expiry, delivered=delivered))

@@ -66,3 +66,28 @@ def pg_schema(pg_server: str) -> Iterator[str]:
 def _fresh_engines() -> Iterator[None]:
     yield
     dispose_all()
+
+
+MARIADB_URL = os.environ.get("QBRIDGE_TEST_MARIADB_URL", "mysql+pyodbc://root:@127.0.0.1:3306/test?driver=MariaDB+Unicode")
+
+
+@pytest.fixture(scope="session")
+def mariadb_server() -> str:
+    require(MARIADB_URL, "MariaDB (through pyodbc and MariaDB Connector/ODBC)")
+    return MARIADB_URL
+
+
+@pytest.fixture()
+def mariadb_database(mariadb_server: str) -> Iterator[str]:
+    """A fresh MariaDB database; yields its URL."""
+    name = f"qb_{uuid.uuid4().hex[:10]}"
+    engine = sa.create_engine(mariadb_server)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE `{name}`"))
+    try:
+        yield mariadb_server.replace("/test?", f"/{name}?")
+    finally:
+        dispose_all()
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE `{name}`"))
+        engine.dispose()

@@ -45,11 +45,13 @@ class Bridge:
     batch_size: int = 1000
     window: str = "15m"
     mapping: str = MAPPING
+    system: str = "nginn"
 
     def __post_init__(self) -> None:
         self.source = sa.create_engine(self.source_url)
         self.target = sa.create_engine(self.target_url)
-        self.tables = {q: create_nginn_queue(self.source, q, self.source_schema) for q in self.queues}
+        if self.system == "nginn":
+            self.tables = {q: create_nginn_queue(self.source, q, self.source_schema) for q in self.queues}
         self.write_config()
 
     def write_config(self) -> None:
@@ -65,7 +67,7 @@ nsb    = "{self.target_url}"
 
 [[jobs]]
 name     = "job1"
-source   = {{ system = "nginn", connection = "legacy", queues = [{queues}], timezone = "{TZ}", database = "LegacyDb"{src_schema} }}
+source   = {{ system = "{self.system}", connection = "legacy", queues = [{queues}], timezone = "{TZ}", database = "LegacyDb"{src_schema} }}
 target   = {{ connection = "nsb", flavor = "{self.flavor}"{tgt_schema} }}
 mapping  = "mapping.toml"
 mode     = "{self.mode}"

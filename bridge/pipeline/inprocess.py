@@ -12,13 +12,11 @@ from bridge.retry import with_backoff
 
 
 def backlog(runner: JobRunner) -> dict[str, int]:
-    with runner.target_engine.connect() as tconn:
+    from bridge.reconcile import backlog_of
+
+    with runner.target_engine.connect() as tconn, runner.source_engine.connect() as sconn:
         checkpoints = runner.state.read_checkpoints(tconn, runner.job.name)
-    with runner.source_engine.connect() as sconn:
-        return {
-            q: s.count_after(sconn, checkpoints[q].high if q in checkpoints else None)
-            for q, s in runner.sources.items()
-        }
+        return {q: backlog_of(runner, tconn, sconn, s, checkpoints.get(q)) for q, s in runner.sources.items()}
 
 
 def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5) -> list[PassStats]:

@@ -140,16 +140,28 @@ class JobRunner:
         self._log(stats)
         return stats
 
-    def _pass(self, sconn: sa.Connection, source: Source, stats: PassStats, lock: bool) -> list[int]:
+    def _pass(self, sconn: sa.Connection, source: Source, stats: PassStats, lock: bool) -> list:
         job = self.job
         now = time.time()
         with self.target_engine.connect() as tconn, tconn.begin():
             cp = self.state.lock_checkpoint(tconn, job.name, source.queue)
-            new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
-            still_open, given_up = expire(cp.gaps, now, job.window_seconds)
-            late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in still_open], lock)
-            rows = late + new
-            outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats)
+            if getattr(source, "cursor", "monotonic") == "scan":
+                rows, stats.more, consume = self._scan(sconn, tconn, source, lock)
+                late: list[SourceRow] = []
+                given_up: list[Gap] = []
+            else:
+                new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
+                still_open, given_up = expire(cp.gaps, now, job.window_seconds)
+                late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in still_open], lock)
+                rows, consume = late + new, []
+                stats.more = len(new) >= job.batch_size
+                # Before the first row ever read, every id from 1 up may still commit late.
+                start = cp.high if cp.high is not None else 0
+                cp.gaps = fill(still_open, [r.key for r in late]) + holes(start, [r.key for r in new], now)
+                if new:
+                    cp.high = new[-1].key
+            outs, entries, quarantined, consume_now = self._process(tconn, source, rows, lock, stats)
+            consume += consume_now
             self.writer.write(tconn, outs)
             try:
                 self.state.record(tconn, job.name, source.queue, entries, quarantined)
@@ -157,11 +169,6 @@ class JobRunner:
                 raise RetryableError(
                     f"another qbridge job delivered messages of {source.queue!r} at the same time; the pass is rolled back and retried"
                 ) from None
-            # Before the first row ever read, every id from 1 up may still commit late.
-            start = cp.high if cp.high is not None else 0
-            cp.gaps = fill(still_open, [r.key for r in late]) + holes(start, [r.key for r in new], now)
-            if new:
-                cp.high = new[-1].key
             cp.pending = consume
             if stats.delivered:
                 cp.last_delivery_at = utcnow()
@@ -170,13 +177,24 @@ class JobRunner:
             self._version = cp.version
             faults.reached("before_target_commit")
         stats.read = len(rows)
-        stats.more = len(new) >= job.batch_size
         stats.gaps_open = len(cp.gaps)
         stats.gaps_given_up = given_up
         for gap in given_up:
             log.info("job=%s queue=%s ids %d..%d never committed within %s; no longer waiting for them",
                      job.name, source.queue, gap.lo, gap.hi, job.late_commit_window)
         return consume
+
+    def _scan(self, sconn: sa.Connection, tconn: sa.Connection, source: Source, lock: bool
+              ) -> tuple[list[SourceRow], bool, list]:
+        """A source without an increasing key: list every row's key, and let the ledger say
+        which are new. In move mode, rows delivered earlier but still there are consumed."""
+        keys = source.scan_keys(sconn)
+        ids = {k: message_id_for(source.system, self.database, source.queue, str(k)) for k in keys}
+        known = self.state.known(tconn, list(ids.values()))
+        todo = [k for k in keys if str(ids[k]) not in known]
+        leftovers = [k for k in keys if known.get(str(ids[k])) in ("delivered", "skipped")] if lock else []
+        batch = todo[: self.job.batch_size]
+        return source.fetch_keys(sconn, batch, lock), len(todo) > len(batch), leftovers
 
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats
                  ) -> tuple[list[Outgoing], list[LedgerEntry], list[Quarantined], list[int]]:
@@ -261,9 +279,9 @@ class JobRunner:
 
     def sync_subscriptions(self) -> int:
         """Legacy subscriptions -> SubscriptionRouting; returns how many rows changed."""
-        first = next(iter(self.sources.values()))
         with self.source_engine.connect() as sconn:
-            subs = first.subscriptions(sconn)
+            subs = sorted({s for source in self.sources.values() for s in source.subscriptions(sconn)},
+                          key=lambda s: (s.endpoint, s.topic))
         rows = []
         for sub in subs:
             endpoint = self.mapping.routes.get(sub.endpoint)

@@ -8,6 +8,7 @@ from bridge.sources.base import Source, SourceRow, Subscription
 
 REGISTRY: dict[str, str] = {
     "nginn": "bridge.sources.nginn:NGinnSource",
+    "openjms": "bridge.sources.openjms:OpenJMSSource",
 }
 
 __all__ = ["REGISTRY", "Source", "SourceRow", "Subscription", "source_class"]

@@ -24,7 +24,7 @@ class Subscription:
 class SourceRow:
     """A legacy row as read: its integer key, whether move mode may consume it, and its columns."""
 
-    key: int
+    key: Any  # int for monotonic sources, str for scan sources
     consumable: bool
     values: dict[str, Any]
 
@@ -33,6 +33,9 @@ class Source:
     """One legacy queue of one job. Subclasses implement the primitives below."""
 
     system: ClassVar[str]
+    # "monotonic": an increasing integer key, read after a checkpoint with gap tracking.
+    # "scan": no such key; every pass lists all keys and the ledger says which are new.
+    cursor: ClassVar[str] = "monotonic"
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         self.job = job
@@ -50,6 +53,14 @@ class Source:
 
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:
         """Rows whose key lies in one of the inclusive ranges (re-checking id gaps)."""
+        raise NotImplementedError
+
+    def scan_keys(self, conn: sa.Connection) -> list[Any]:
+        """Scan sources: the key of every row there is now, oldest first."""
+        raise NotImplementedError
+
+    def fetch_keys(self, conn: sa.Connection, keys: Sequence[Any], lock: bool) -> list[SourceRow]:
+        """Scan sources: the rows with these keys, in the order given."""
         raise NotImplementedError
 
     def decode(self, row: SourceRow) -> CanonicalMessage:

@@ -44,7 +44,8 @@ def envelope(
     action = getattr(mapping.states, msg.state)
     if action == "skip":
         return Skipped(f"state {msg.state} -> skip")
-    types = [mapping.map_type(t) for t in msg.enclosed_types]
+    legacy_types = msg.enclosed_types or [n for n in (msg.destination, msg.source.queue) if n in mapping.types][:1]
+    types = [mapping.map_type(t) for t in legacy_types]
     candidates = [*msg.enclosed_types, *types, msg.destination, msg.source.queue]
     routed = mapping.route(candidates)
     if routed is None:

@@ -1,0 +1,258 @@
+"""OpenJMS 0.7.6+: one canonical message per message handle.
+
+Facts: reference/legacy-sources.md §2. A queue message has one handle (its consumer row is
+named after the queue); a topic message has one handle per durable subscriber, and each becomes
+a message for that subscriber's route. Handles have no increasing key, and an OpenJMS store
+holds its pending backlog only, so this source is scanned whole each pass and the ledger says
+which handles are new (`cursor = "scan"`): a late commit is simply seen on a later pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+import orjson
+import sqlalchemy as sa
+
+from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
+from bridge.config import JobConfig
+from bridge.errors import BadRow, SourceSchemaError
+from bridge.model import CanonicalMessage, SourceRef, message_id_for
+from bridge.sources.base import Source, SourceRow, Subscription
+from bridge.sources.openjms_schema import SCHEMA_VERSION, is_queue, tables
+from bridge.timefmt import UTC, utcnow
+
+DEFAULT_TYPES = {"Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage"}
+CONTENT_TYPES = {
+    "TextMessage": "text/plain; charset=utf-8",
+    "BytesMessage": "application/octet-stream",
+    "ObjectMessage": "application/x-java-serialized-object",
+    "MapMessage": "application/json; jms-body=map",
+    "StreamMessage": "application/json; jms-body=stream",
+}
+PREFIX = "JMS."
+
+
+def epoch_ms(value: int) -> datetime:
+    return datetime.fromtimestamp(value / 1000, UTC)
+
+
+def property_text(prop: dict[str, Any]) -> str:
+    """A JMS property value as header text that reads back to the same Java value."""
+    kind, value = prop["type"], prop.get("value")
+    if kind is None:
+        return ""
+    if kind == "byte[]":
+        return prop["base64"]
+    if kind == "java.lang.Boolean":
+        return "true" if value else "false"
+    if kind == "java.lang.Float":
+        return _float32(value)
+    return str(value)
+
+
+def _float32(value: float) -> str:
+    packed = struct.pack(">f", value)
+    for digits in range(1, 10):  # the shortest text that is the same float, as Java prints it
+        text = f"{value:.{digits}g}"
+        if struct.pack(">f", float(text)) == packed:
+            return text
+    return repr(value)
+
+
+def _json_value(prop: dict[str, Any]) -> Any:
+    return prop["base64"] if prop["type"] == "byte[]" else prop.get("value")
+
+
+class OpenJMSSource(Source):
+    system: ClassVar[str] = "openjms"
+    cursor: ClassVar[str] = "scan"
+
+    def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
+        super().__init__(job, engine, queue, database)
+        self.t = tables(job.source.schema_)
+
+    # -- schema ----------------------------------------------------------------------------
+    def check_schema(self, conn: sa.Connection) -> None:
+        insp = sa.inspect(conn)
+        schema = self.job.source.schema_
+        missing = [n for n in ("system_data", "destinations", "messages", "message_handles", "consumers")
+                   if not insp.has_table(n, schema=schema)]
+        if missing:
+            raise SourceSchemaError(f"not an OpenJMS 0.7.6+ database: tables {', '.join(missing)} are missing")
+        columns = {c["name"].lower() for c in insp.get_columns("messages", schema=schema)}
+        if "messagetype" in columns:
+            raise SourceSchemaError("this OpenJMS database has the pre-0.7.6 schema (messages.messageType); "
+                                    "migrate it with OpenJMS's `dbtool -migrate` first")
+        sd = self.t["system_data"]
+        version = conn.execute(sa.select(sd.c.version).where(sd.c.id == 1)).scalar_one_or_none()
+        if version is None or version.strip() != SCHEMA_VERSION:
+            raise SourceSchemaError(f"OpenJMS schema version {version!r} is not supported: qbridge reads "
+                                    f"{SCHEMA_VERSION} (written by OpenJMS 0.7.6 to 0.7.7)")
+        if self._destination(conn) is None:
+            raise SourceSchemaError(f"OpenJMS destination {self.queue!r} does not exist")
+
+    def _destination(self, conn: sa.Connection) -> tuple[int, bool] | None:
+        d = self.t["destinations"]
+        row = conn.execute(sa.select(d.c.destinationid, d.c.isqueue).where(d.c.name == self.queue)).first()
+        return None if row is None else (int(row[0]), is_queue(row[1]))
+
+    # -- reading ---------------------------------------------------------------------------
+    def _handles(self, with_blob: bool) -> sa.Select:
+        h, c, m, d = (self.t[n] for n in ("message_handles", "consumers", "messages", "destinations"))
+        cols = [h.c.messageid, h.c.consumerid, h.c.delivered, h.c.acceptedtime, h.c.sequencenumber,
+                c.c.name.label("consumer"), m.c.messageid.label("message_row")]
+        if with_blob:
+            cols += [m.c.messageblob, m.c.expirytime, m.c.createtime, d.c.isqueue]
+        return (
+            sa.select(*cols)
+            .select_from(h)
+            .join(d, d.c.destinationid == h.c.destinationid)
+            .outerjoin(c, sa.and_(c.c.consumerid == h.c.consumerid, c.c.destinationid == h.c.destinationid))
+            .outerjoin(m, m.c.messageid == h.c.messageid)
+            .where(d.c.name == self.queue)
+            .order_by(h.c.acceptedtime, h.c.sequencenumber, h.c.messageid, h.c.consumerid)
+        )
+
+    @staticmethod
+    def key_of(message_id: str, consumer_id: Any) -> str:
+        return f"{message_id}#{int(consumer_id)}"
+
+    def scan_keys(self, conn: sa.Connection) -> list[str]:
+        """Every handle of this destination, oldest first, as keys (no blobs)."""
+        stmt = self._handles(False).with_only_columns(self.t["message_handles"].c.messageid, self.t["message_handles"].c.consumerid)
+        return [self.key_of(mid, cid) for mid, cid in conn.execute(stmt)]
+
+    def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
+        if not keys:
+            return []
+        h = self.t["message_handles"]
+        wanted = set(keys)
+        ids = sorted({k.rsplit("#", 1)[0] for k in keys})
+        rows: list[SourceRow] = []
+        for start in range(0, len(ids), 500):
+            stmt = self._handles(True).where(h.c.messageid.in_(ids[start:start + 500]))
+            for m in conn.execute(stmt).mappings():
+                key = self.key_of(m["messageid"], m["consumerid"])
+                if key in wanted:
+                    rows.append(SourceRow(key=key, consumable=True, values={str(k): v for k, v in m.items()}))
+        order = {k: i for i, k in enumerate(keys)}
+        return sorted(rows, key=lambda r: order[r.key])
+
+    def count_after(self, conn: sa.Connection, after: int | None) -> int:
+        return len(self.scan_keys(conn))
+
+    def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[str]:  # type: ignore[override]
+        yield from self.scan_keys(conn)
+
+    def max_key(self, conn: sa.Connection) -> int | None:
+        return None
+
+    # -- move mode -------------------------------------------------------------------------
+    def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:
+        """As OpenJMS does: delete the handle, then the message once no handle refers to it."""
+        h, m = self.t["message_handles"], self.t["messages"]
+        done = 0
+        for key in keys:
+            mid, _, cid = str(key).rpartition("#")
+            done += conn.execute(sa.delete(h).where(h.c.messageid == mid, h.c.consumerid == int(cid))).rowcount
+            left = conn.execute(sa.select(sa.func.count()).select_from(h).where(h.c.messageid == mid)).scalar_one()
+            if left == 0:
+                conn.execute(sa.delete(m).where(m.c.messageid == mid))
+        return done
+
+    # -- decoding --------------------------------------------------------------------------
+    def decode(self, row: SourceRow) -> CanonicalMessage:
+        v = row.values
+        if v["message_row"] is None:
+            raise BadRow(f"handle {row.key} refers to message {v['messageid']!r}, which is not in the messages table")
+        blob = v["messageblob"]
+        if blob is None:
+            raise BadRow("messageBlob is NULL")
+        try:
+            jms = decode(bytes(blob))
+        except BlobError as e:
+            raise BadRow(f"messageBlob: {e}") from None
+        return self._canonical(row, jms)
+
+    def _canonical(self, row: SourceRow, jms: JmsMessage) -> CanonicalMessage:
+        h = jms.headers
+        consumer = row.values["consumer"]
+        # The store says which destination the handle belongs to; the blob only says where it was sent.
+        topic = not is_queue(row.values["isqueue"])
+        destination = consumer if (topic and consumer) else self.queue
+        expiration = h["JMSExpiration"] or 0
+        expires = epoch_ms(expiration) if expiration > 0 else None  # <= 0: never (overflowed TTLs are negative)
+        state = "expired" if expires is not None and expires <= utcnow() else "ready"
+        jms_type = h["JMSType"]
+        # OpenJMS stamps the message kind as JMSType by default; only an application's own type names one.
+        types = [jms_type] if jms_type and jms_type not in DEFAULT_TYPES else []
+        reply = h["JMSReplyTo"]
+        headers = {
+            f"{PREFIX}MessageID": h["JMSMessageID"] or "",
+            f"{PREFIX}Destination": (h["JMSDestination"] or {}).get("name", self.queue),
+            f"{PREFIX}DeliveryMode": {1: "NON_PERSISTENT", 2: "PERSISTENT"}.get(h["JMSDeliveryMode"], str(h["JMSDeliveryMode"])),
+            f"{PREFIX}Priority": str(h["JMSPriority"]),
+            f"{PREFIX}Redelivered": "true" if row.values.get("delivered") else "false",
+            f"{PREFIX}BodyKind": jms.message_type,
+        }
+        if jms_type:
+            headers[f"{PREFIX}Type"] = jms_type
+        if consumer and topic:
+            headers[f"{PREFIX}Subscription"] = consumer
+        if reply and reply["temporary"]:
+            headers[f"{PREFIX}ReplyTo"] = reply["name"]  # a temporary queue no endpoint can answer
+        props = jms.properties
+        for name, prop in props.items():
+            headers[f"{PREFIX}Property.{name}"] = property_text(prop)
+        if props:
+            headers[f"{PREFIX}PropertyTypes"] = orjson.dumps({k: p["type"] for k, p in props.items()}).decode()
+        body, content_type = self._body(jms, headers)
+        key = str(row.key)
+        try:
+            return CanonicalMessage(
+                message_id=message_id_for(self.system, self.database, self.queue, key),
+                source=SourceRef(system=self.system, database=self.database, queue=self.queue, key=key),
+                state=state,
+                destination=destination,
+                reply_to=reply["name"] if reply and not reply["temporary"] else None,
+                correlation_id=h["JMSCorrelationID"] or None,
+                enclosed_types=types,
+                content_type=content_type,
+                time_sent=epoch_ms(h["JMSTimestamp"] or row.values.get("createtime") or 0),
+                expires=expires,
+                priority=h["JMSPriority"],
+                headers=headers,
+                body=body,
+            )
+        except ValueError as e:
+            raise BadRow(f"cannot build a message: {e}") from None
+
+    @staticmethod
+    def _body(jms: JmsMessage, headers: dict[str, str]) -> tuple[bytes, str | None]:
+        b = jms.body
+        kind = jms.message_type
+        if "text" in b:
+            return (b["text"] or "").encode("utf-8", "surrogatepass"), CONTENT_TYPES[kind]
+        if "map" in b:
+            headers[f"{PREFIX}BodyTypes"] = orjson.dumps({k: v["type"] for k, v in b["map"].items()}).decode()
+            return orjson.dumps({k: _json_value(v) for k, v in b["map"].items()}), CONTENT_TYPES[kind]
+        if "values" in b:
+            headers[f"{PREFIX}BodyTypes"] = orjson.dumps([v["type"] for v in b["values"]]).decode()
+            return orjson.dumps([_json_value(v) for v in b["values"]]), CONTENT_TYPES[kind]
+        if "base64" in b:
+            return base64.b64decode(b["base64"]), CONTENT_TYPES[kind]
+        return b"", None
+
+    def subscriptions(self, conn: sa.Connection) -> list[Subscription]:
+        """Durable subscriptions of this topic -> (subscriber name, topic name)."""
+        dest = self._destination(conn)
+        if dest is None or dest[1]:
+            return []
+        c = self.t["consumers"]
+        names = conn.execute(sa.select(c.c.name).where(c.c.destinationid == dest[0])).scalars()
+        return [Subscription(endpoint=n, topic=self.queue) for n in sorted(names)]

@@ -17,7 +17,14 @@ from bridge.db import dispose_all, engine_for
 from bridge.pipeline.inprocess import run_inprocess
 from bridge.pipeline.loop import JobRunner
 from bridge.reconcile import verify
-from bridge.samples import create_nginn_queue, create_nginn_subscriptions, demo_rows
+from bridge.samples import (
+    create_nginn_queue,
+    create_nginn_subscriptions,
+    demo_rows,
+    openjms_destination,
+    openjms_message,
+    openjms_store,
+)
 
 MAPPING = """\
 [routes]
@@ -45,9 +52,22 @@ failed = "error"
 processed = "skip"
 """
 
+OPENJMS_MAPPING = """\
+[routes]
+"orders"      = "Orders"
+"replies"     = "Sales"
+"billing-sub" = "Billing"
+"*"           = "Unrouted"
+
+[types]
+"Orders.PlaceOrder" = "Orders.Messages.PlaceOrder, Orders.Messages"
+"prices.eu"         = "Prices.PriceChanged, Prices"
+"""
+
 CONFIG = """\
 [connections]
 legacy = "sqlite:///{legacy}"
+openjms = "sqlite:///{openjms}"
 nsb    = "sqlite:///{nsb}"
 
 [[jobs]]
@@ -57,17 +77,26 @@ target   = {{ connection = "nsb", flavor = "postgresql" }}
 mapping  = "nginn-demo.toml"
 mode     = "copy"
 schedule = {{ every = "5s" }}
+
+[[jobs]]
+name     = "openjms-orders"
+source   = {{ system = "openjms", connection = "openjms", queues = ["orders", "prices.eu"] }}
+target   = {{ connection = "nsb", flavor = "postgresql" }}
+mapping  = "openjms-demo.toml"
+mode     = "copy"
 """
 
 
 def build(directory: Path) -> Path:
     """Writes the legacy database, the mapping and the config; returns the config's path."""
-    legacy, nsb = directory / "legacy-nginn.db", directory / "nservicebus.db"
-    for p in (legacy, nsb):
+    legacy, openjms, nsb = directory / "legacy-nginn.db", directory / "legacy-openjms.db", directory / "nservicebus.db"
+    for p in (legacy, openjms, nsb):
         p.unlink(missing_ok=True)
     (directory / "nginn-demo.toml").write_text(MAPPING)
+    (directory / "openjms-demo.toml").write_text(OPENJMS_MAPPING)
     config = directory / "demo.toml"
-    config.write_text(CONFIG.format(legacy=legacy.as_posix(), nsb=nsb.as_posix()))
+    config.write_text(CONFIG.format(legacy=legacy.as_posix(), openjms=openjms.as_posix(), nsb=nsb.as_posix()))
+    _openjms_store(openjms)
     engine = sa.create_engine(f"sqlite:///{legacy.as_posix()}")
     now = datetime.now(ZoneInfo("Europe/Warsaw")).replace(microsecond=0, tzinfo=None)  # NGinn writes local time
     queues = {q: create_nginn_queue(engine, q) for q in ("MQueue1", "MQueue2")}
@@ -83,12 +112,29 @@ def build(directory: Path) -> Path:
     return config
 
 
+def _openjms_store(path: Path) -> None:
+    """An OpenJMS store with a queue, a topic with two durable subscribers, and one corrupt blob."""
+    data = Path(__file__).parent / "demo_data"
+    blob = {n: (data / n).read_bytes() for n in ("text_simple.bin", "map_msg.bin", "stream_msg.bin",
+                                                 "real0761_text_durable_topic_overflowed_expiration.bin")}
+    engine = sa.create_engine(f"sqlite:///{path.as_posix()}")
+    with engine.begin() as conn:
+        t = openjms_store(conn)
+        openjms_destination(conn, t, "orders", 1, True)
+        openjms_destination(conn, t, "prices.eu", 2, False, {"billing-sub": 201, "archive-sub": 202})
+        openjms_message(conn, t, "ID:demo-1", 1, blob["text_simple.bin"], [100], accepted=1)
+        openjms_message(conn, t, "ID:demo-2", 1, blob["map_msg.bin"], [100], accepted=2)
+        openjms_message(conn, t, "ID:demo-3", 1, blob["stream_msg.bin"][:300], [100], accepted=3)  # cut short
+        openjms_message(conn, t, "ID:demo-4", 2, blob["real0761_text_durable_topic_overflowed_expiration.bin"], [201, 202], accepted=4)
+    engine.dispose()
+
+
 def run_demo(directory: str | None, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="qbridge-demo-") as tmp:
         where = Path(directory) if directory else Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
         config_path = build(where)
-        console.print(f"legacy NGinn database and config written to {where}", markup=False, highlight=False)
+        console.print(f"legacy NGinn and OpenJMS databases and config written to {where}", markup=False, highlight=False)
         config = load_config(config_path)
         for p in provision.plan(config, config.jobs):
             created, _ = provision.create_missing(p)

@@ -36,6 +36,8 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
         if key not in plans:
             tables = TargetTables(job.target.flavor, job.target.schema_name, backend, job.target.catalog)
             plans[key] = TargetPlan(job.target.connection, url, tables)
+            for t in state_tables(tables.table_schema, tables.metadata).values():
+                plans[key].add(t)
         p = plans[key]
         mapping = config.mapping(job)
         states = mapping.states
@@ -48,8 +50,6 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
         if "audit" in (states.ready, states.delayed, states.failed, states.processed, states.expired):
             p.add(p.tables.queue(job.target.audit_queue))
         p.add(p.tables.subscriptions())
-        for t in state_tables(p.tables.table_schema, p.tables.metadata).values():
-            p.add(t)
     return list(plans.values())
 
 

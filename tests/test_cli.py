@@ -26,7 +26,7 @@ def test_demo_runs_on_a_fresh_directory(tmp_path: Path) -> None:
     assert "quarantined MQueue1" in r.stdout and "more than one '='" in r.stdout
     engine = sa.create_engine(f"sqlite:///{tmp_path}/d/nservicebus.db")
     with engine.connect() as conn:
-        assert conn.execute(sa.text('select count(*) from "Orders"')).scalar_one() == 20
+        assert conn.execute(sa.text('select count(*) from "Orders"')).scalar_one() == 22  # 20 NGinn + 2 OpenJMS
         assert conn.execute(sa.text('select count(*) from "error"')).scalar_one() == 2
     engine.dispose()
 

@@ -46,20 +46,24 @@ def pg_server() -> str:
     return PG_URL
 
 
-@pytest.fixture()
-def pg_schema(pg_server: str) -> Iterator[str]:
-    """A fresh schema, dropped afterwards."""
+def _scratch(server: str, create: str, drop: str) -> Iterator[str]:
+    """A uniquely named schema or database on `server`, dropped afterwards."""
     name = f"qb_{uuid.uuid4().hex[:10]}"
-    engine = sa.create_engine(pg_server)
+    engine = sa.create_engine(server)
     with engine.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{name}"'))
+        conn.execute(sa.text(create.format(name)))
     try:
         yield name
     finally:
         dispose_all()
         with engine.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{name}" CASCADE'))
+            conn.execute(sa.text(drop.format(name)))
         engine.dispose()
+
+
+@pytest.fixture()
+def pg_schema(pg_server: str) -> Iterator[str]:
+    yield from _scratch(pg_server, 'CREATE SCHEMA "{}"', 'DROP SCHEMA "{}" CASCADE')
 
 
 @pytest.fixture(autouse=True)
@@ -80,14 +84,5 @@ def mariadb_server() -> str:
 @pytest.fixture()
 def mariadb_database(mariadb_server: str) -> Iterator[str]:
     """A fresh MariaDB database; yields its URL."""
-    name = f"qb_{uuid.uuid4().hex[:10]}"
-    engine = sa.create_engine(mariadb_server)
-    with engine.begin() as conn:
-        conn.execute(sa.text(f"CREATE DATABASE `{name}`"))
-    try:
+    for name in _scratch(mariadb_server, "CREATE DATABASE `{}`", "DROP DATABASE `{}`"):
         yield mariadb_server.replace("/test?", f"/{name}?")
-    finally:
-        dispose_all()
-        with engine.begin() as conn:
-            conn.execute(sa.text(f"DROP DATABASE `{name}`"))
-        engine.dispose()

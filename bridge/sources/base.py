@@ -67,6 +67,22 @@ class Source:
         """The canonical message of `row`; raises BadRow with the reason when it cannot be read."""
         raise NotImplementedError
 
+    def message(self, row: SourceRow, **fields: Any) -> CanonicalMessage:
+        """The canonical message of `row`, its id and coordinates filled in; a field that does not
+        validate makes the row a BadRow, never a crash."""
+        from bridge.errors import BadRow
+        from bridge.model import SourceRef, message_id_for
+
+        key = str(row.key)
+        try:
+            return CanonicalMessage(
+                message_id=message_id_for(self.system, self.database, self.queue, key),
+                source=SourceRef(system=self.system, database=self.database, queue=self.queue, key=key),
+                **fields,
+            )
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            raise BadRow(f"cannot build a message: {e}") from None
+
     def consume(self, conn: sa.Connection, keys: Sequence[int]) -> int:
         """Move mode: marks rows consumed the way the legacy receiver does. Idempotent."""
         raise NotImplementedError

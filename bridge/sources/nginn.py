@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
-from bridge.model import CanonicalMessage, Failure, SourceRef, message_id_for
+from bridge.model import CanonicalMessage, Failure
 from bridge.sources import nginn_codec as codec
 from bridge.sources.base import Source, SourceRow, Subscription
 from bridge.timefmt import local_to_utc, utcnow, zone
@@ -187,27 +187,22 @@ class NGinnSource(Source):
             meta["NGinn.Label"] = v["label"]
         if v["retry_count"]:
             meta["NGinn.RetryCount"] = str(v["retry_count"])
-        key = str(row.key)
-        try:
-            return CanonicalMessage(
-                message_id=message_id_for(self.system, self.database, self.queue, key),
-                source=SourceRef(system=self.system, database=self.database, queue=self.queue, key=key),
-                state=state,
-                destination=codec.endpoint_queue(v["to_endpoint"]) or self.queue,
-                reply_to=(codec.endpoint_queue(reply) or reply) if reply else None,
-                correlation_id=v["correlation_id"] or None,
-                enclosed_types=[legacy_type] if legacy_type else [],
-                content_type="application/json",
-                time_sent=time_sent,
-                due=local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
-                expires=expires,
-                retry_count=int(v["retry_count"] or 0),
-                failure=failure,
-                headers={**headers, **meta},
-                body=v["msg_text"].encode("utf-8"),
-            )
-        except ValueError as e:  # pydantic's ValidationError is a ValueError
-            raise BadRow(f"cannot build a message: {e}") from None
+        return self.message(
+            row,
+            state=state,
+            destination=codec.endpoint_queue(v["to_endpoint"]) or self.queue,
+            reply_to=(codec.endpoint_queue(reply) or reply) if reply else None,
+            correlation_id=v["correlation_id"] or None,
+            enclosed_types=[legacy_type] if legacy_type else [],
+            content_type="application/json",
+            time_sent=time_sent,
+            due=local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
+            expires=expires,
+            retry_count=int(v["retry_count"] or 0),
+            failure=failure,
+            headers={**headers, **meta},
+            body=v["msg_text"].encode("utf-8"),
+        )
 
     def subscriptions(self, conn: sa.Connection) -> list[Subscription]:
         """Live rows of both NGinn subscription tables (the name changed in 2014)."""

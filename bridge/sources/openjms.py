@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
-from bridge.model import CanonicalMessage, SourceRef, message_id_for
+from bridge.model import CanonicalMessage
 from bridge.sources.base import Source, SourceRow, Subscription
 from bridge.sources.openjms_schema import SCHEMA_VERSION, is_queue, tables
 from bridge.timefmt import UTC, utcnow
@@ -212,25 +212,20 @@ class OpenJMSSource(Source):
         if props:
             headers[f"{PREFIX}PropertyTypes"] = orjson.dumps({k: p["type"] for k, p in props.items()}).decode()
         body, content_type = self._body(jms, headers)
-        key = str(row.key)
-        try:
-            return CanonicalMessage(
-                message_id=message_id_for(self.system, self.database, self.queue, key),
-                source=SourceRef(system=self.system, database=self.database, queue=self.queue, key=key),
-                state=state,
-                destination=destination,
-                reply_to=reply["name"] if reply and not reply["temporary"] else None,
-                correlation_id=h["JMSCorrelationID"] or None,
-                enclosed_types=types,
-                content_type=content_type,
-                time_sent=epoch_ms(h["JMSTimestamp"] or row.values.get("createtime") or 0),
-                expires=expires,
-                priority=h["JMSPriority"],
-                headers=headers,
-                body=body,
-            )
-        except ValueError as e:
-            raise BadRow(f"cannot build a message: {e}") from None
+        return self.message(
+            row,
+            state=state,
+            destination=destination,
+            reply_to=reply["name"] if reply and not reply["temporary"] else None,
+            correlation_id=h["JMSCorrelationID"] or None,
+            enclosed_types=types,
+            content_type=content_type,
+            time_sent=epoch_ms(h["JMSTimestamp"] or row.values.get("createtime") or 0),
+            expires=expires,
+            priority=h["JMSPriority"],
+            headers=headers,
+            body=body,
+        )
 
     @staticmethod
     def _body(jms: JmsMessage, headers: dict[str, str]) -> tuple[bytes, str | None]:

@@ -46,6 +46,13 @@ class States(BaseModel):
     expired: Literal["skip", "audit", "error"] = "skip"
 
 
+class JmsOptions(BaseModel):
+    """OpenJMS only: where JMS headers and properties go among the NServiceBus headers."""
+
+    model_config = ConfigDict(extra="forbid")
+    header_prefix: str = Field(default="JMS.", min_length=1)
+
+
 class Mapping(BaseModel):
     """One mapping file, validated before anything runs."""
 
@@ -55,6 +62,7 @@ class Mapping(BaseModel):
     headers: HeaderRules = Field(default_factory=HeaderRules)
     types: dict[str, str] = Field(default_factory=dict)
     states: States = Field(default_factory=States)
+    jms: JmsOptions = Field(default_factory=JmsOptions)
 
     @field_validator("routes")
     @classmethod

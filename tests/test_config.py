@@ -85,3 +85,11 @@ def test_cli_exits_2_on_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["verify", "-c", str(path)]) == 2
     err = capsys.readouterr().err
     assert "config error" in err and "jobs[0].target.flavor" in err and "Traceback" not in err
+
+
+def test_shipped_mappings_validate() -> None:
+    from bridge.mapping import load_mapping
+
+    root = Path(__file__).resolve().parents[1]
+    for path in (root / "mappings").glob("*.toml"):
+        assert load_mapping(path).routes, path

@@ -227,6 +227,28 @@ def test_durable_subscriptions_become_subscription_routing(jms: Jms) -> None:
     assert rows == [("AuditTrail", "Prices.PriceChanged", address("AuditTrail")), ("Billing", "Prices.PriceChanged", address("Billing"))]
 
 
+def test_header_prefix_is_configurable(request, tmp_path: Path, pg_server: str, pg_schema: str) -> None:
+    for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, queues=["orders"]):
+        j.mapping = MAPPING + '\n[jms]\nheader_prefix = "Legacy.Jms."\n'
+        j.write_config()
+        j.queue_message("ID:p")
+        assert j.cli("sync", "--once") == 0
+        [row] = j.rows("Orders")
+        assert row["headers"]["Legacy.Jms.Property.quantity"] == "42" and not any(k.startswith("JMS.") for k in row["headers"])
+
+
+def test_handle_query_compiles_for_sql_server(tmp_path: Path) -> None:
+    from sqlalchemy.dialects import mssql
+
+    from bridge.sources.openjms_schema import tables
+
+    t = tables("dbo")
+    ddl = str(sa.schema.CreateTable(t["messages"]).compile(dialect=mssql.dialect()))
+    assert "messageblob IMAGE" in ddl
+    stmt = str(sa.select(t["message_handles"].c.messageid).where(t["message_handles"].c.consumerid == 1).compile(dialect=mssql.dialect()))
+    assert "FROM dbo.message_handles" in stmt
+
+
 def test_unknown_schema_version_is_refused(jms: Jms, capsys: pytest.CaptureFixture[str]) -> None:
     jms.store(lambda c, t: c.execute(t["system_data"].update().values(version="V0.7.2")))
     assert jms.cli("sync", "--once") == 1

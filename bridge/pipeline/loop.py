@@ -87,6 +87,8 @@ class JobRunner:
         self.sources: dict[str, Source] = {
             q: cls(job, self.source_engine, q, self.database) for q in job.source.queues
         }
+        for source in self.sources.values():
+            source.configure(self.mapping)
         self._ready: set[str] = set()
         self._version = 0
 

@@ -43,6 +43,9 @@ class Source:
         self.queue = queue
         self.database = database
 
+    def configure(self, mapping: Any) -> None:
+        """Takes what it needs from the job's mapping (nothing by default)."""
+
     def check_schema(self, conn: sa.Connection) -> None:
         """Raises SourceSchemaError when the legacy tables are not what this source reads."""
         raise NotImplementedError

@@ -34,7 +34,6 @@ CONTENT_TYPES = {
     "MapMessage": "application/json; jms-body=map",
     "StreamMessage": "application/json; jms-body=stream",
 }
-PREFIX = "JMS."
 
 
 def epoch_ms(value: int) -> datetime:
@@ -75,6 +74,10 @@ class OpenJMSSource(Source):
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)
         self.t = tables(job.source.schema_)
+        self.prefix = "JMS."
+
+    def configure(self, mapping: Any) -> None:
+        self.prefix = mapping.jms.header_prefix
 
     # -- schema ----------------------------------------------------------------------------
     def check_schema(self, conn: sa.Connection) -> None:
@@ -193,24 +196,24 @@ class OpenJMSSource(Source):
         types = [jms_type] if jms_type and jms_type not in DEFAULT_TYPES else []
         reply = h["JMSReplyTo"]
         headers = {
-            f"{PREFIX}MessageID": h["JMSMessageID"] or "",
-            f"{PREFIX}Destination": (h["JMSDestination"] or {}).get("name", self.queue),
-            f"{PREFIX}DeliveryMode": {1: "NON_PERSISTENT", 2: "PERSISTENT"}.get(h["JMSDeliveryMode"], str(h["JMSDeliveryMode"])),
-            f"{PREFIX}Priority": str(h["JMSPriority"]),
-            f"{PREFIX}Redelivered": "true" if row.values.get("delivered") else "false",
-            f"{PREFIX}BodyKind": jms.message_type,
+            f"{self.prefix}MessageID": h["JMSMessageID"] or "",
+            f"{self.prefix}Destination": (h["JMSDestination"] or {}).get("name", self.queue),
+            f"{self.prefix}DeliveryMode": {1: "NON_PERSISTENT", 2: "PERSISTENT"}.get(h["JMSDeliveryMode"], str(h["JMSDeliveryMode"])),
+            f"{self.prefix}Priority": str(h["JMSPriority"]),
+            f"{self.prefix}Redelivered": "true" if row.values.get("delivered") else "false",
+            f"{self.prefix}BodyKind": jms.message_type,
         }
         if jms_type:
-            headers[f"{PREFIX}Type"] = jms_type
+            headers[f"{self.prefix}Type"] = jms_type
         if consumer and topic:
-            headers[f"{PREFIX}Subscription"] = consumer
+            headers[f"{self.prefix}Subscription"] = consumer
         if reply and reply["temporary"]:
-            headers[f"{PREFIX}ReplyTo"] = reply["name"]  # a temporary queue no endpoint can answer
+            headers[f"{self.prefix}ReplyTo"] = reply["name"]  # a temporary queue no endpoint can answer
         props = jms.properties
         for name, prop in props.items():
-            headers[f"{PREFIX}Property.{name}"] = property_text(prop)
+            headers[f"{self.prefix}Property.{name}"] = property_text(prop)
         if props:
-            headers[f"{PREFIX}PropertyTypes"] = orjson.dumps({k: p["type"] for k, p in props.items()}).decode()
+            headers[f"{self.prefix}PropertyTypes"] = orjson.dumps({k: p["type"] for k, p in props.items()}).decode()
         body, content_type = self._body(jms, headers)
         return self.message(
             row,
@@ -227,17 +230,16 @@ class OpenJMSSource(Source):
             body=body,
         )
 
-    @staticmethod
-    def _body(jms: JmsMessage, headers: dict[str, str]) -> tuple[bytes, str | None]:
+    def _body(self, jms: JmsMessage, headers: dict[str, str]) -> tuple[bytes, str | None]:
         b = jms.body
         kind = jms.message_type
         if "text" in b:
             return (b["text"] or "").encode("utf-8", "surrogatepass"), CONTENT_TYPES[kind]
         if "map" in b:
-            headers[f"{PREFIX}BodyTypes"] = orjson.dumps({k: v["type"] for k, v in b["map"].items()}).decode()
+            headers[f"{self.prefix}BodyTypes"] = orjson.dumps({k: v["type"] for k, v in b["map"].items()}).decode()
             return orjson.dumps({k: _json_value(v) for k, v in b["map"].items()}), CONTENT_TYPES[kind]
         if "values" in b:
-            headers[f"{PREFIX}BodyTypes"] = orjson.dumps([v["type"] for v in b["values"]]).decode()
+            headers[f"{self.prefix}BodyTypes"] = orjson.dumps([v["type"] for v in b["values"]]).decode()
             return orjson.dumps([_json_value(v) for v in b["values"]]), CONTENT_TYPES[kind]
         if "base64" in b:
             return base64.b64decode(b["base64"]), CONTENT_TYPES[kind]

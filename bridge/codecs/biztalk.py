@@ -1,0 +1,207 @@
+"""BizTalk MessageBox blobs: `Spool.imgContext` property bags and `Parts`/`Fragments` block streams.
+
+Layouts: shared/fixtures/biztalk/README.md (newer than reference/legacy-sources.md §3.6-3.7):
+context C4 (namespace-grouped, ordinary messages) and D4 (flat `Name^Namespace`, seen on engine
+control messages), VARIANT values, and zlib block streams per fragment.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+CLSID_C4 = bytes.fromhex("C4E0906C1849D311A24200C04F60A533")
+CLSID_D4 = bytes.fromhex("D4E0906C1849D311A24200C04F60A533")
+VT_ARRAY = 0x2000
+MAX_BLOCK = 1 << 20  # BizTalk writes at most 35,840 bytes a block; anything near this is corrupt
+MAX_ITEMS = 1_000_000
+OLE_EPOCH = datetime(1899, 12, 30)
+
+# VARTYPE -> (struct format, size); strings and special cases are handled apart.
+_SCALARS = {
+    2: ("<h", 2), 3: ("<i", 4), 4: ("<f", 4), 5: ("<d", 8), 10: ("<i", 4), 16: ("<b", 1), 17: ("<B", 1),
+    18: ("<H", 2), 19: ("<I", 4), 20: ("<q", 8), 21: ("<Q", 8), 22: ("<i", 4), 23: ("<I", 4),
+}
+VT_NAMES = {0: "VT_EMPTY", 1: "VT_NULL", 2: "VT_I2", 3: "VT_I4", 4: "VT_R4", 5: "VT_R8", 6: "VT_CY", 7: "VT_DATE",
+            8: "VT_BSTR", 10: "VT_ERROR", 11: "VT_BOOL", 14: "VT_DECIMAL", 16: "VT_I1", 17: "VT_UI1", 18: "VT_UI2",
+            19: "VT_UI4", 20: "VT_I8", 21: "VT_UI8", 22: "VT_INT", 23: "VT_UINT"}
+
+
+class BizTalkFormatError(ValueError):
+    """A context bag or part stream that does not follow the MessageBox layout."""
+
+
+@dataclass(frozen=True)
+class ContextProperty:
+    name: str
+    namespace: str
+    vt: int
+    context_property_type: int
+    is_array: bool
+    value: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "namespace": self.namespace, "vt": self.vt,
+                "context_property_type": self.context_property_type, "is_array": self.is_array, "value": self.value}
+
+
+class _Cursor:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.data):
+            raise BizTalkFormatError(f"truncated: needs {n} bytes at offset {self.pos}, {len(self.data) - self.pos} left")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def unpack(self, fmt: str, n: int) -> Any:
+        return struct.unpack(fmt, self.take(n))[0]
+
+    def i32(self) -> int:
+        return self.unpack("<i", 4)
+
+    def count(self, what: str) -> int:
+        n = self.i32()
+        if n < 0 or n > MAX_ITEMS or n > len(self.data) - self.pos:
+            raise BizTalkFormatError(f"{what} count {n} at offset {self.pos - 4} is impossible for a {len(self.data)}-byte bag")
+        return n
+
+    def string(self) -> str:
+        """int32 byte length (including the 2-byte NUL), UTF-16LE, NUL."""
+        n = self.i32()
+        if n < 2 or n % 2 or n > len(self.data) - self.pos:
+            raise BizTalkFormatError(f"string length {n} at offset {self.pos - 4} is invalid")
+        raw = self.take(n)
+        if raw[-2:] != b"\x00\x00":
+            raise BizTalkFormatError(f"string at offset {self.pos - n} is not NUL-terminated")
+        return raw[:-2].decode("utf-16-le", "surrogatepass")
+
+
+def ole_date(value: float) -> str:
+    """An OLE Automation date (days since 1899-12-30; the fraction is the time even below zero) as ISO text."""
+    if value != value or abs(value) > 2_958_466:  # NaN, or past year 9999
+        raise BizTalkFormatError(f"VT_DATE {value!r} is out of range")
+    days = int(value)
+    ms = round(abs(value - days) * 86_400_000)
+    dt = OLE_EPOCH + timedelta(days=days, milliseconds=ms)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}"
+
+
+def _scalar(c: _Cursor, vt: int) -> Any:
+    if vt in (8, 14):  # BSTR; DECIMAL is stored as its text
+        return c.string()
+    if vt == 11:
+        return c.unpack("<h", 2) != 0
+    if vt == 7:
+        return ole_date(c.unpack("<d", 8))
+    if vt == 6:  # CY: int64 in units of 1/10000
+        return str(Decimal(c.unpack("<q", 8)) / 10000)
+    if vt in (0, 1):
+        return None
+    if vt in _SCALARS:
+        fmt, n = _SCALARS[vt]
+        return c.unpack(fmt, n)
+    raise BizTalkFormatError(f"unknown property type VARTYPE {vt} at offset {c.pos - 2}")
+
+
+def _value(c: _Cursor) -> tuple[int, bool, Any]:
+    is_array = c.unpack("<B", 1)
+    raw_vt = c.unpack("<H", 2)
+    if is_array not in (0, 1) or bool(is_array) != bool(raw_vt & VT_ARRAY):
+        raise BizTalkFormatError(f"value at offset {c.pos - 3}: array flag {is_array} disagrees with VARTYPE {raw_vt:#06x}")
+    vt = raw_vt & ~VT_ARRAY
+    if not is_array:
+        return vt, False, _scalar(c, vt)
+    dims = c.unpack("<H", 2)
+    if not 1 <= dims <= 8:
+        raise BizTalkFormatError(f"array with {dims} dimensions at offset {c.pos - 2}")
+    total = 1
+    for _ in range(dims):
+        total *= c.count("array element")
+        c.i32()  # lower bound
+        if total > MAX_ITEMS:
+            raise BizTalkFormatError("array too large")
+    return vt, True, [_scalar(c, vt) for _ in range(total)]
+
+
+def decode_context(blob: bytes) -> tuple[str, list[ContextProperty]]:
+    """(layout, properties in stored order) of an imgContext blob; BizTalkFormatError saying why not."""
+    c = _Cursor(bytes(blob))
+    clsid = c.take(16)
+    props: list[ContextProperty] = []
+    if clsid == CLSID_C4:
+        for _ in range(c.count("namespace")):
+            namespace = c.string()
+            for _ in range(c.count("property")):
+                name = c.string()
+                ptype = c.i32()
+                vt, is_array, value = _value(c)
+                props.append(ContextProperty(name, namespace, vt, ptype, is_array, value))
+        layout = "C4"
+    elif clsid == CLSID_D4:
+        for _ in range(c.count("property")):
+            prefix = c.i32()
+            key = c.string()
+            ptype = c.i32()
+            vt, is_array, value = _value(c)
+            name, sep, namespace = key.partition("^")
+            if sep and prefix != len(name.encode("utf-16-le")) // 2:
+                raise BizTalkFormatError(f"D4 key {key[:60]!r}: prefix {prefix} does not match the local name")
+            props.append(ContextProperty(name, namespace, vt, ptype, is_array, value))
+        layout = "D4"
+    else:
+        raise BizTalkFormatError(f"not a BizTalk context: CLSID {clsid.hex().upper()} is neither C4 nor D4")
+    if c.pos != len(c.data):
+        raise BizTalkFormatError(f"{len(c.data) - c.pos} bytes left after the last property")
+    return layout, props
+
+
+def decode_blocks(blob: bytes) -> bytes:
+    """One fragment's block stream: (compressed, uncompressed length, stored length, bytes)... (0,0,0)."""
+    data = bytes(blob)
+    if not data:
+        return b""  # DtaSpy's writer stores an empty part as no bytes at all
+    c = _Cursor(data)
+    out = bytearray()
+    while True:
+        flag, size, stored = struct.unpack("<iii", c.take(12))
+        if (flag, size, stored) == (0, 0, 0):
+            break
+        if flag not in (0, 1) or not 0 < size <= MAX_BLOCK or not 0 < stored <= MAX_BLOCK:
+            raise BizTalkFormatError(f"bad block header ({flag}, {size}, {stored}) at offset {c.pos - 12}")
+        chunk = c.take(stored)
+        if flag == 1:
+            try:
+                z = zlib.decompressobj()
+                chunk = z.decompress(chunk, size + 1)
+            except zlib.error as e:
+                raise BizTalkFormatError(f"compressed block at offset {c.pos - stored - 12}: {e}") from None
+            if not z.eof:
+                raise BizTalkFormatError(f"compressed block at offset {c.pos - stored - 12} inflates past its stated {size} bytes or ends early")
+        if len(chunk) != size:
+            raise BizTalkFormatError(f"block at offset {c.pos - stored - 12} holds {len(chunk)} bytes, header says {size}")
+        out += chunk
+    if c.pos != len(data):
+        raise BizTalkFormatError(f"{len(data) - c.pos} bytes after the end-of-stream block")
+    return bytes(out)
+
+
+def decode_part(fragments: list[bytes], part_size: int | None = None) -> bytes:
+    """A whole part: each fragment decoded on its own, concatenated in fragment order.
+
+    A single fragment exactly `part_size` bytes long is taken as raw, unframed data, as the
+    TechNet 54330 script does (DATALENGTH(imgPart) == nPartSize); framing adds at least 12 bytes.
+    """
+    if part_size and len(fragments) == 1 and len(fragments[0]) == part_size:
+        return bytes(fragments[0])
+    body = b"".join(decode_blocks(f) for f in fragments)
+    if part_size is not None and len(body) != part_size:
+        raise BizTalkFormatError(f"part decodes to {len(body)} bytes but Parts.nPartSize says {part_size}")
+    return body

@@ -53,6 +53,24 @@ class JmsOptions(BaseModel):
     header_prefix: str = Field(default="JMS.", min_length=1)
 
 
+class BizTalkOptions(BaseModel):
+    """BizTalk only: header names of context namespaces, and how to read subscriptions."""
+
+    model_config = ConfigDict(extra="forbid")
+    namespaces: dict[str, str] = Field(default_factory=dict)  # namespace URI -> header prefix
+    # uidPropID of BTS.MessageType in the EqualsPredicates table (bt_DocumentSpec.id in BizTalkMgmtDb)
+    message_type_property_id: str | None = None
+
+    @field_validator("message_type_property_id")
+    @classmethod
+    def _guid(cls, value: str | None) -> str | None:
+        if value is not None:
+            import uuid
+
+            uuid.UUID(value)
+        return value
+
+
 class Mapping(BaseModel):
     """One mapping file, validated before anything runs."""
 
@@ -63,6 +81,7 @@ class Mapping(BaseModel):
     types: dict[str, str] = Field(default_factory=dict)
     states: States = Field(default_factory=States)
     jms: JmsOptions = Field(default_factory=JmsOptions)
+    biztalk: BizTalkOptions = Field(default_factory=BizTalkOptions)
 
     @field_validator("routes")
     @classmethod

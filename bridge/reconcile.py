@@ -96,6 +96,8 @@ def verify(runner: JobRunner) -> JobBooks:
             {"endpoint": s.endpoint, "topic": s.topic, "reason": "no route for the subscriber queue"}
             for s in sorted(subs, key=lambda s: (s.endpoint, s.topic)) if s.endpoint not in runner.mapping.routes
         ]
+        for source in runner.sources.values():
+            unroutable += getattr(source, "unexpressible", lambda conn: [])(sconn)
     return JobBooks(job, books, unroutable)
 
 

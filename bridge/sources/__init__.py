@@ -9,6 +9,7 @@ from bridge.sources.base import Source, SourceRow, Subscription
 REGISTRY: dict[str, str] = {
     "nginn": "bridge.sources.nginn:NGinnSource",
     "openjms": "bridge.sources.openjms:OpenJMSSource",
+    "biztalk": "bridge.sources.biztalk:BizTalkSource",
 }
 
 __all__ = ["REGISTRY", "Source", "SourceRow", "Subscription", "source_class"]

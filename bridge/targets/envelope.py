@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
+
+import orjson
 
 from bridge.config import TargetConfig
 from bridge.errors import BadRow
@@ -81,6 +84,7 @@ def envelope(
     if expires is not None:
         headers["NServiceBus.TimeToBeReceived"] = timespan(expires - msg.time_sent)
 
+    headers.update(part_headers(msg))
     values = {
         "system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
         "key": msg.source.key, "message_id": str(msg.message_id), "destination": routed,
@@ -89,6 +93,16 @@ def envelope(
     for name, template in mapping.headers.set.items():
         headers[name] = render_template(template, values, headers)
     return Outgoing(kind=kind, queue=queue, headers=headers, body=msg.body, expires=expires, due=due)
+
+
+def part_headers(msg: CanonicalMessage) -> dict[str, str]:
+    """Extra parts a consumer can read back: their names in order, each part's bytes in base64."""
+    if not msg.parts:
+        return {}
+    out = {"QBridge.Parts": orjson.dumps([p.name for p in msg.parts]).decode()}
+    for p in msg.parts:
+        out[f"QBridge.Part.{p.name}"] = base64.b64encode(p.body).decode("ascii")
+    return out
 
 
 def _legacy_headers(msg: CanonicalMessage, mapping: Mapping, translated: frozenset[str]) -> dict[str, str]:

@@ -1,0 +1,292 @@
+"""BizTalk MessageBox: one canonical message per work-queue entry of a configured host.
+
+Facts: reference/legacy-sources.md §3 and shared/fixtures/biztalk. `<Host>Q` entries are ready
+work; `<Host>Q_Suspended` entries with their `InstancesSuspended` row go to the error queue.
+Entries have no increasing key, so this is a scan source (like OpenJMS): the ledger says which
+entries are new. Message data stays in Spool / MessageParts / Parts / Fragments.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import orjson
+import sqlalchemy as sa
+
+from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_context, decode_part
+from bridge.config import JobConfig
+from bridge.errors import BadRow, SourceSchemaError
+from bridge.model import CanonicalMessage, Failure, Part
+from bridge.sources.base import Source, SourceRow, Subscription
+from bridge.sources.biztalk_schema import OTHER_PREDICATES, tables
+from bridge.timefmt import local_to_utc, utcnow, zone
+
+SYSTEM_NS = "http://schemas.microsoft.com/BizTalk/2003/system-properties"
+SHORT_NAMES = {
+    SYSTEM_NS: "BTS",
+    "http://schemas.microsoft.com/BizTalk/2003/file-properties": "FILE",
+    "http://schemas.microsoft.com/BizTalk/2003/messagetracking-properties": "MessageTracking",
+    "http://schemas.microsoft.com/BizTalk/2003/messageagent-properties": "MessageAgent",
+    "http://schemas.microsoft.com/BizTalk/2003/xmlnorm-properties": "XMLNORM",
+    "http://schemas.microsoft.com/BizTalk/2003/xlangs-runtime-properties": "XLANGs",
+    "http://schemas.microsoft.com/BizTalk/2005/error-report": "ErrorReport",
+}
+RESUMABLE, NOT_RESUMABLE = 4, 32
+
+
+def short_name(namespace: str, overrides: dict[str, str]) -> str:
+    """`<short>.<property>` header prefix: configured, well known, or the namespace's last segment."""
+    if namespace in overrides:
+        return overrides[namespace]
+    if namespace in SHORT_NAMES:
+        return SHORT_NAMES[namespace]
+    tail = namespace.rstrip("/#").replace("#", "/").rsplit("/", 1)[-1]
+    return tail or namespace or "Context"
+
+
+def header_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return orjson.dumps(value).decode()
+    return "" if value is None else str(value)
+
+
+class BizTalkSource(Source):
+    system: ClassVar[str] = "biztalk"
+    cursor: ClassVar[str] = "scan"
+
+    def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
+        super().__init__(job, engine, queue, database)
+        self.t = tables(job.source.schema_, [queue])
+        self.work, self.suspended = self.t[f"{queue}Q"], self.t[f"{queue}Q_Suspended"]
+        # MessageBox times are written by the engine in UTC unless the job says otherwise [INFERRED].
+        self.tz = zone(job.source.timezone or "UTC")
+        self.namespaces: dict[str, str] = {}
+        self.message_type_property: uuid.UUID | None = None
+
+    def configure(self, mapping: Any) -> None:
+        self.namespaces = dict(mapping.biztalk.namespaces)
+        prop = mapping.biztalk.message_type_property_id
+        self.message_type_property = uuid.UUID(prop) if prop else None
+
+    def check_schema(self, conn: sa.Connection) -> None:
+        insp = sa.inspect(conn)
+        schema = self.job.source.schema_
+        needed = ["Spool", "MessageParts", "Parts", "Fragments", "InstancesSuspended", self.work.name, self.suspended.name]
+        missing = [n for n in needed if not insp.has_table(n, schema=schema)]
+        if missing:
+            raise SourceSchemaError(f"BizTalk MessageBox tables missing for host {self.queue!r}: {', '.join(missing)}")
+
+    # -- reading ---------------------------------------------------------------------------
+    def scan_keys(self, conn: sa.Connection) -> list[str]:
+        keys = []
+        for prefix, table in (("Q", self.work), ("S", self.suspended)):
+            stmt = sa.select(table.c.uidMessageID, table.c.uidInstanceID).order_by(table.c.uidMessageID, table.c.uidInstanceID)
+            keys += [f"{prefix}:{m}:{i}" for m, i in conn.execute(stmt)]
+        return keys
+
+    @staticmethod
+    def _split(key: str) -> tuple[str, uuid.UUID, uuid.UUID]:
+        prefix, message, instance = key.split(":")
+        return prefix, uuid.UUID(message), uuid.UUID(instance)
+
+    def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
+        s, i = self.t["Spool"], self.t["InstancesSuspended"]
+        rows = []
+        for key in keys:
+            prefix, message, instance = self._split(key)
+            q = self.work if prefix == "Q" else self.suspended
+            cols = [q.c.uidMessageID, q.c.uidInstanceID, q.c.nvcAdditionalInfo, s.c.uidMessageID.label("spool_id"),
+                    s.c.dtTimeStamp, s.c.dtExpiration, s.c.nNumParts, s.c.uidBodyPartID, s.c.nvcBodyPartName,
+                    s.c.nvcMessageType, s.c.imgContext]
+            stmt = sa.select(*cols).select_from(q).outerjoin(s, s.c.uidMessageID == q.c.uidMessageID)
+            if prefix == "S":
+                stmt = stmt.add_columns(i.c.uidInstanceID.label("suspended_row"), i.c.nState, i.c.dtSuspendTimeStamp,
+                                        i.c.nvcURI, i.c.nvcAdapter, i.c.nvcErrorDescription)
+                stmt = stmt.outerjoin(i, i.c.uidInstanceID == q.c.uidInstanceID)
+            stmt = stmt.where(q.c.uidMessageID == message, q.c.uidInstanceID == instance)
+            found = conn.execute(stmt).mappings().first()
+            if found is None:
+                continue  # consumed by BizTalk since the scan
+            values = {str(k): v for k, v in found.items()}
+            values["kind"] = prefix
+            values["parts"] = self._parts(conn, message)
+            rows.append(SourceRow(key=key, consumable=True, values=values))
+        return rows
+
+    def _parts(self, conn: sa.Connection, message: uuid.UUID) -> list[dict[str, Any]]:
+        mp, p, f = self.t["MessageParts"], self.t["Parts"], self.t["Fragments"]
+        stmt = (sa.select(mp.c.uidPartID, mp.c.nvcPartName, mp.c.nBodyPart, p.c.uidPartID.label("part_row"),
+                          p.c.imgPart, p.c.nNumFragments, p.c.nPartSize)
+                .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
+                .where(mp.c.uidMessageID == message).order_by(mp.c.nvcPartName))
+        parts = []
+        for row in conn.execute(stmt).mappings():
+            part = {str(k): v for k, v in row.items()}
+            frags = conn.execute(sa.select(f.c.nFragmentNumber, f.c.imgFrag).where(f.c.uidPartID == row["uidPartID"])
+                                 .order_by(f.c.nFragmentNumber)).all()
+            part["fragments"] = [bytes(b) if b is not None else None for _, b in frags]
+            parts.append(part)
+        return parts
+
+    def count_after(self, conn: sa.Connection, after: int | None) -> int:
+        return len(self.scan_keys(conn))
+
+    def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[str]:  # type: ignore[override]
+        yield from self.scan_keys(conn)
+
+    def max_key(self, conn: sa.Connection) -> int | None:
+        return None
+
+    # -- move mode -------------------------------------------------------------------------
+    def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:
+        """Removes the work-queue (or suspended-queue) entry only; Spool and parts stay for
+        BizTalk's own cleanup jobs, which purge messages no queue refers to."""
+        done = 0
+        for key in keys:
+            prefix, message, instance = self._split(str(key))
+            q = self.work if prefix == "Q" else self.suspended
+            done += conn.execute(sa.delete(q).where(q.c.uidMessageID == message, q.c.uidInstanceID == instance)).rowcount
+        return done
+
+    # -- decoding --------------------------------------------------------------------------
+    def decode(self, row: SourceRow) -> CanonicalMessage:
+        v = row.values
+        if v["spool_id"] is None:
+            raise BadRow(f"work-queue entry refers to message {v['uidMessageID']} that is not in Spool")
+        try:
+            _, props = decode_context(bytes(v["imgContext"] or b""))
+            body_name, body, extra = self._decode_parts(v)
+        except BizTalkFormatError as e:
+            raise BadRow(str(e)) from None
+        ctx = {(p.namespace, p.name): p for p in props}
+        message_type = self._value(ctx, "MessageType") or v["nvcMessageType"]
+        headers = self._headers(props)
+        headers["BizTalk.MessageID"] = str(v["uidMessageID"])
+        headers["BizTalk.InstanceID"] = str(v["uidInstanceID"])
+        headers["BizTalk.BodyPartName"] = body_name
+        sent = local_to_utc(v["dtTimeStamp"], self.tz) if v["dtTimeStamp"] else utcnow()
+        expires = local_to_utc(v["dtExpiration"], self.tz) if v["dtExpiration"] else None
+        state = "ready"
+        failure = None
+        if v["kind"] == "S":
+            state, failure = "failed", self._failure(v, headers)
+        elif expires is not None and expires <= utcnow():
+            state = "expired"
+        return self.message(
+            row,
+            state=state,
+            destination=self.queue,
+            conversation_id=self._value(ctx, "InterchangeID") or None,
+            enclosed_types=[message_type] if message_type else [],
+            content_type="application/xml" if body.lstrip()[:1] == b"<" else "application/octet-stream",
+            time_sent=sent,
+            expires=expires,
+            failure=failure,
+            headers=headers,
+            body=body,
+            parts=extra,
+        )
+
+    @staticmethod
+    def _value(ctx: dict[tuple[str, str], ContextProperty], name: str) -> Any:
+        prop = ctx.get((SYSTEM_NS, name))
+        return None if prop is None else prop.value
+
+    def _headers(self, props: list[ContextProperty]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for p in props:
+            if p.context_property_type & (1 | 2 | 16):  # written, promoted, was-promoted
+                out[f"{short_name(p.namespace, self.namespaces)}.{p.name}"] = header_text(p.value)
+        return out
+
+    def _decode_parts(self, v: dict[str, Any]) -> tuple[str, bytes, list[Part]]:
+        parts = v["parts"]
+        if not parts:
+            raise BadRow(f"message {v['uidMessageID']} has no rows in MessageParts")
+        if v["nNumParts"] is not None and len(parts) != v["nNumParts"]:
+            raise BadRow(f"Spool.nNumParts says {v['nNumParts']} parts, MessageParts holds {len(parts)}")
+        body: tuple[str, bytes] | None = None
+        extra: list[Part] = []
+        for part in parts:
+            name = part["nvcPartName"] or str(part["uidPartID"])
+            if part["part_row"] is None:
+                raise BadRow(f"part {name!r} ({part['uidPartID']}) is missing from Parts")
+            count = part["nNumFragments"] or 1
+            frags = [bytes(part["imgPart"] or b"")] + [f for f in part["fragments"] if f is not None]
+            if len(frags) != count:
+                raise BadRow(f"part {name!r}: nNumFragments says {count}, found {len(frags)} (Parts.imgPart + Fragments)")
+            data = decode_part(frags, part["nPartSize"])
+            is_body = part["uidPartID"] == v["uidBodyPartID"] or (v["uidBodyPartID"] is None and part["nBodyPart"])
+            if is_body and body is None:
+                body = (name, data)
+            else:
+                extra.append(Part(name=name, body=data))
+        if body is None:
+            raise BadRow(f"message {v['uidMessageID']}: none of its parts is the body part")
+        return body[0], body[1], extra
+
+    def _failure(self, v: dict[str, Any], headers: dict[str, str]) -> Failure:
+        if v.get("suspended_row") is None:
+            raise BadRow(f"suspended entry {v['uidInstanceID']} has no InstancesSuspended row")
+        text = v["nvcErrorDescription"] or ""
+        headers["BizTalk.Resumable"] = "true" if v["nState"] == RESUMABLE else "false"
+        if v["nvcAdapter"]:
+            headers["BizTalk.Adapter"] = v["nvcAdapter"]
+        if v["nvcURI"]:
+            headers["BizTalk.URI"] = v["nvcURI"]
+        if v["nvcAdditionalInfo"]:
+            headers["BizTalk.AdditionalInfo"] = v["nvcAdditionalInfo"]
+        when = v["dtSuspendTimeStamp"]
+        return Failure(
+            exception_type=headers.get("ErrorReport.FailureCode") and f"BizTalk.Suspended.{headers['ErrorReport.FailureCode']}" or "BizTalk.SuspendedInstance",
+            message=text.strip().splitlines()[0] if text.strip() else "suspended by BizTalk",
+            stack_trace=text,
+            failed_queue=self.queue,
+            time_of_failure=local_to_utc(when, self.tz) if when else utcnow(),
+        )
+
+    # -- subscriptions ---------------------------------------------------------------------
+    def _subscription_rows(self, conn: sa.Connection) -> list[tuple[str, uuid.UUID, list[tuple[Any, str]], bool]]:
+        """(name, AND group, [(property, value)], has other predicates) per OR branch."""
+        sub, pg, eq = self.t["Subscription"], self.t["PredicateGroup"], self.t["EqualsPredicates"]
+        insp = sa.inspect(conn)
+        schema = self.job.source.schema_
+        if not all(insp.has_table(n, schema=schema) for n in ("Subscription", "PredicateGroup", "EqualsPredicates")):
+            return []
+        others = [sa.Table(n, sa.MetaData(schema=schema), sa.Column("uidPredicateGroupID", sa.Uuid))
+                  for n in OTHER_PREDICATES if insp.has_table(n, schema=schema)]
+        out = []
+        stmt = sa.select(sub.c.nvcName, pg.c.uidPredicateANDGroupID).join(pg, pg.c.uidPredicateORGroupID == sub.c.uidPredicateGroupID)
+        for name, group in conn.execute(stmt):
+            preds = [(p, str(val)) for p, val in conn.execute(sa.select(eq.c.uidPropID, eq.c.vtValue).where(eq.c.uidPredicateGroupID == group))]
+            other = any(conn.execute(sa.select(sa.func.count()).select_from(o).where(o.c.uidPredicateGroupID == group)).scalar_one() for o in others)
+            out.append((name, group, preds, other))
+        return out
+
+    def subscriptions(self, conn: sa.Connection) -> list[Subscription]:
+        found = []
+        for name, _, preds, other in self._subscription_rows(conn):
+            if self._expressible(preds, other):
+                found.append(Subscription(endpoint=name, topic=preds[0][1]))
+        return found
+
+    def unexpressible(self, conn: sa.Connection) -> list[dict[str, str]]:
+        """Subscriptions SubscriptionRouting cannot carry; `verify` lists them."""
+        out = []
+        for name, group, preds, other in self._subscription_rows(conn):
+            if not self._expressible(preds, other):
+                why = ("[biztalk] message_type_property_id is not set" if self.message_type_property is None
+                       else "predicates other than one equality on BTS.MessageType")
+                out.append({"endpoint": name, "topic": f"predicate group {group}", "reason": why})
+        return out
+
+    def _expressible(self, preds: list[tuple[Any, str]], other: bool) -> bool:
+        if other or len(preds) != 1 or self.message_type_property is None:
+            return False
+        prop = preds[0][0]
+        return (prop if isinstance(prop, uuid.UUID) else uuid.UUID(str(prop))) == self.message_type_property
+

@@ -109,3 +109,39 @@ def openjms_message(conn: sa.Connection, t: dict[str, sa.Table], message_id: str
         conn.execute(t["message_handles"].insert().values(
             messageid=message_id, destinationid=dest_id, consumerid=cid, priority=4, acceptedtime=accepted,
             sequencenumber=i, expirytime=expiry, delivered=delivered))
+
+
+def biztalk_store(engine: sa.Engine, hosts: list[str], schema: str | None = None) -> dict[str, sa.Table]:
+    """MessageBox tables as qbridge reads them (Microsoft publishes no DDL), created empty."""
+    from bridge.sources.biztalk_schema import tables
+
+    t = tables(schema, hosts)
+    next(iter(t.values())).metadata.create_all(engine)
+    return t
+
+
+def biztalk_message(conn: sa.Connection, t: dict[str, sa.Table], context: bytes, parts: list[tuple[str, list[bytes], int]],
+                    host: str | None = None, when: datetime | None = None, suspended: dict[str, Any] | None = None,
+                    message_type: str | None = None) -> tuple[Any, Any]:
+    """A published message: Spool row, its parts (each a list of fragments and the part size),
+    and a reference in `<host>Q` (or `<host>Q_Suspended` with an InstancesSuspended row)."""
+    import uuid
+
+    message, instance = uuid.uuid4(), uuid.uuid4()
+    part_ids = [uuid.uuid4() for _ in parts]
+    conn.execute(t["Spool"].insert().values(
+        uidMessageID=message, dtTimeStamp=when or datetime(2024, 3, 14, 9, 26, 53), nNumParts=len(parts),
+        uidBodyPartID=part_ids[0], nvcBodyPartName=parts[0][0], nvcMessageType=message_type, nCounter=1, imgContext=context))
+    for pid, (name, fragments, size) in zip(part_ids, parts):
+        conn.execute(t["MessageParts"].insert().values(uidMessageID=message, uidPartID=pid, nvcPartName=name, nBodyPart=int(pid == part_ids[0])))
+        conn.execute(t["Parts"].insert().values(uidPartID=pid, imgPart=fragments[0], nNumFragments=len(fragments), nPartSize=size))
+        for n, frag in enumerate(fragments[1:], start=1):
+            conn.execute(t["Fragments"].insert().values(uidPartID=pid, nFragmentNumber=n, imgFrag=frag, nFragmentSize=0))
+    if host:
+        if suspended is None:
+            conn.execute(t[f"{host}Q"].insert().values(uidMessageID=message, uidInstanceID=instance))
+        else:
+            conn.execute(t[f"{host}Q_Suspended"].insert().values(uidMessageID=message, uidInstanceID=instance,
+                                                                 nvcAdditionalInfo=suspended.get("info")))
+            conn.execute(t["InstancesSuspended"].insert().values(uidInstanceID=instance, **{k: v for k, v in suspended.items() if k != "info"}))
+    return message, instance

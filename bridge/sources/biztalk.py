@@ -24,6 +24,7 @@ from bridge.sources.biztalk_schema import OTHER_PREDICATES, tables
 from bridge.timefmt import local_to_utc, utcnow, zone
 
 SYSTEM_NS = "http://schemas.microsoft.com/BizTalk/2003/system-properties"
+ERROR_NS = "http://schemas.microsoft.com/BizTalk/2005/error-report"
 SHORT_NAMES = {
     SYSTEM_NS: "BTS",
     "http://schemas.microsoft.com/BizTalk/2003/file-properties": "FILE",
@@ -31,7 +32,7 @@ SHORT_NAMES = {
     "http://schemas.microsoft.com/BizTalk/2003/messageagent-properties": "MessageAgent",
     "http://schemas.microsoft.com/BizTalk/2003/xmlnorm-properties": "XMLNORM",
     "http://schemas.microsoft.com/BizTalk/2003/xlangs-runtime-properties": "XLANGs",
-    "http://schemas.microsoft.com/BizTalk/2005/error-report": "ErrorReport",
+    ERROR_NS: "ErrorReport",
 }
 RESUMABLE, NOT_RESUMABLE = 4, 32
 
@@ -163,7 +164,9 @@ class BizTalkSource(Source):
         except BizTalkFormatError as e:
             raise BadRow(str(e)) from None
         ctx = {(p.namespace, p.name): p for p in props}
-        message_type = self._value(ctx, "MessageType") or v["nvcMessageType"]
+        # A message suspended before routing carries its type in the error report only.
+        report = ctx.get((ERROR_NS, "MessageType"))
+        message_type = self._value(ctx, "MessageType") or (report.value if report else None) or v["nvcMessageType"]
         headers = self._headers(props)
         headers["BizTalk.MessageID"] = str(v["uidMessageID"])
         headers["BizTalk.InstanceID"] = str(v["uidInstanceID"])

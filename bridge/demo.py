@@ -18,6 +18,8 @@ from bridge.pipeline.inprocess import run_inprocess
 from bridge.pipeline.loop import JobRunner
 from bridge.reconcile import verify
 from bridge.samples import (
+    biztalk_message,
+    biztalk_store,
     create_nginn_queue,
     create_nginn_subscriptions,
     demo_rows,
@@ -64,10 +66,23 @@ OPENJMS_MAPPING = """\
 "prices.eu"         = "Prices.PriceChanged, Prices"
 """
 
+BIZTALK_MAPPING = """\
+[routes]
+"http://example.org/orders#Order" = "Orders"
+"*" = "Unrouted"
+
+[types]
+"http://example.org/orders#Order" = "Example.Orders.Order, Example.Orders"
+
+[biztalk]
+namespaces = { "http://example.org/orders/properties" = "Orders" }
+"""
+
 CONFIG = """\
 [connections]
 legacy = "sqlite:///{legacy}"
 openjms = "sqlite:///{openjms}"
+msgbox = "sqlite:///{msgbox}"
 nsb    = "sqlite:///{nsb}"
 
 [[jobs]]
@@ -84,19 +99,29 @@ source   = {{ system = "openjms", connection = "openjms", queues = ["orders", "p
 target   = {{ connection = "nsb", flavor = "postgresql" }}
 mapping  = "openjms-demo.toml"
 mode     = "copy"
+
+[[jobs]]
+name     = "biztalk-orders"
+source   = {{ system = "biztalk", connection = "msgbox", queues = ["BizTalkServerApplication"] }}
+target   = {{ connection = "nsb", flavor = "postgresql" }}
+mapping  = "biztalk-demo.toml"
+mode     = "copy"
 """
 
 
 def build(directory: Path) -> Path:
     """Writes the legacy database, the mapping and the config; returns the config's path."""
     legacy, openjms, nsb = directory / "legacy-nginn.db", directory / "legacy-openjms.db", directory / "nservicebus.db"
-    for p in (legacy, openjms, nsb):
+    msgbox = directory / "legacy-biztalk.db"
+    for p in (legacy, openjms, msgbox, nsb):
         p.unlink(missing_ok=True)
     (directory / "nginn-demo.toml").write_text(MAPPING)
     (directory / "openjms-demo.toml").write_text(OPENJMS_MAPPING)
+    (directory / "biztalk-demo.toml").write_text(BIZTALK_MAPPING)
     config = directory / "demo.toml"
-    config.write_text(CONFIG.format(legacy=legacy.as_posix(), openjms=openjms.as_posix(), nsb=nsb.as_posix()))
+    config.write_text(CONFIG.format(legacy=legacy.as_posix(), openjms=openjms.as_posix(), msgbox=msgbox.as_posix(), nsb=nsb.as_posix()))
     _openjms_store(openjms)
+    _biztalk_store(msgbox)
     engine = sa.create_engine(f"sqlite:///{legacy.as_posix()}")
     now = datetime.now(ZoneInfo("Europe/Warsaw")).replace(microsecond=0, tzinfo=None)  # NGinn writes local time
     queues = {q: create_nginn_queue(engine, q) for q in ("MQueue1", "MQueue2")}
@@ -129,12 +154,28 @@ def _openjms_store(path: Path) -> None:
     engine.dispose()
 
 
+def _biztalk_store(path: Path) -> None:
+    """A MessageBox with two pending messages and one suspended instance for one host."""
+    data = Path(__file__).parent / "demo_data"
+    ctx, suspended_ctx, part = ((data / n).read_bytes() for n in ("ctx_receive.bin", "ctx_suspended.bin", "part_small_compressed.bin"))
+    engine = sa.create_engine(f"sqlite:///{path.as_posix()}")
+    host = "BizTalkServerApplication"
+    t = biztalk_store(engine, [host])
+    with engine.begin() as conn:
+        for _ in range(2):
+            biztalk_message(conn, t, ctx, [("body", [part], 2146)], host=host)
+        biztalk_message(conn, t, suspended_ctx, [("body", [part], 2146)], host=host, suspended={
+            "nState": 4, "nvcAdapter": "FILE", "nvcURI": "D:\\BizTalk\\In\\*.xml",
+            "nvcErrorDescription": "There was a failure executing the receive pipeline: no subscription was found."})
+    engine.dispose()
+
+
 def run_demo(directory: str | None, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="qbridge-demo-") as tmp:
         where = Path(directory) if directory else Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
         config_path = build(where)
-        console.print(f"legacy NGinn and OpenJMS databases and config written to {where}", markup=False, highlight=False)
+        console.print(f"legacy NGinn, OpenJMS and BizTalk databases and config written to {where}", markup=False, highlight=False)
         config = load_config(config_path)
         for p in provision.plan(config, config.jobs):
             created, _ = provision.create_missing(p)

@@ -26,8 +26,8 @@ def test_demo_runs_on_a_fresh_directory(tmp_path: Path) -> None:
     assert "quarantined MQueue1" in r.stdout and "more than one '='" in r.stdout
     engine = sa.create_engine(f"sqlite:///{tmp_path}/d/nservicebus.db")
     with engine.connect() as conn:
-        assert conn.execute(sa.text('select count(*) from "Orders"')).scalar_one() == 22  # 20 NGinn + 2 OpenJMS
-        assert conn.execute(sa.text('select count(*) from "error"')).scalar_one() == 2
+        assert conn.execute(sa.text('select count(*) from "Orders"')).scalar_one() == 24  # 20 NGinn + 2 OpenJMS + 2 BizTalk
+        assert conn.execute(sa.text('select count(*) from "error"')).scalar_one() == 3  # 2 NGinn F rows + 1 suspended
     engine.dispose()
 
 

@@ -155,3 +155,59 @@ def test_subscriptions_on_message_type_only_are_migrated(bt: BizTalk, capsys: py
     report = json.loads(capsys.readouterr().out)
     listed = report["jobs"][0]["unroutable_subscriptions"]
     assert [s["endpoint"] for s in listed] == ["ArchiveByPort"]
+
+
+def test_late_commit_is_delivered_once(tmp_path: Path, request) -> None:
+    for b in make_bt("postgres", request, tmp_path):
+        b.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
+        slow = b.source.connect()
+        tx = slow.begin()
+        biztalk_message(slow, b.bt, fx("ctx_receive.bin"), [SMALL], host="BizTalkServerApplication")
+        b.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
+        assert b.cli("sync", "--once") == 0
+        assert b.count("Orders") == 2
+        tx.commit()
+        slow.close()
+        assert b.cli("sync", "--once") == 0
+        ids = b.message_ids("Orders")
+        assert len(ids) == 3 and set(ids.values()) == {1}
+        assert b.cli("verify") == 0
+
+
+@pytest.mark.slow
+def test_sigkill_between_commits_in_move_mode(tmp_path: Path, request) -> None:
+    import os
+    import signal
+    import time
+
+    for b in make_bt("postgres", request, tmp_path, mode="move", batch_size=5):
+        for _ in range(12):
+            b.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
+        marker = tmp_path / "paused"
+        proc = b.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": "after_target_commit", "QBRIDGE_FAULT_FILE": str(marker)})
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert b.count("Orders") == 5 and b.count_rows("BizTalkServerApplicationQ") == 12
+        assert b.cli("sync", "--once") == 0
+        ids = b.message_ids("Orders")
+        assert len(ids) == 12 and set(ids.values()) == {1}
+        assert b.count_rows("BizTalkServerApplicationQ") == 0
+        assert b.cli("verify") == 0
+
+
+def test_messagebox_layout_compiles_for_sql_server() -> None:
+    from sqlalchemy.dialects import mssql
+
+    from bridge.sources.biztalk_schema import tables
+
+    t = tables("dbo", ["BizTalkServerApplication"])
+    spool = str(sa.schema.CreateTable(t["Spool"]).compile(dialect=mssql.dialect()))
+    assert '[uidMessageID] UNIQUEIDENTIFIER NOT NULL' in spool and "[imgContext] IMAGE" in spool
+    q = str(sa.delete(t["BizTalkServerApplicationQ"]).where(t["BizTalkServerApplicationQ"].c.uidMessageID == uuid.uuid4())
+            .compile(dialect=mssql.dialect()))
+    assert q.startswith("DELETE FROM dbo.[BizTalkServerApplicationQ] WHERE")

@@ -155,3 +155,19 @@ late_commit_window = "{self.window}"
 
 def local(dt: datetime, hours: float = 0) -> datetime:
     return dt + timedelta(hours=hours)
+
+
+def kill_at(b: Bridge, point: str, tmp: Path) -> None:
+    """Runs `qbridge sync --once`, waits until it is frozen at fault point `point`, SIGKILLs it."""
+    import signal
+    import time
+
+    marker = tmp / f"paused-{point}"
+    proc = b.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": point, "QBRIDGE_FAULT_FILE": str(marker)})
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "qbridge never reached the fault point"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(10) == -signal.SIGKILL

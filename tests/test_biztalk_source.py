@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from bridge.samples import biztalk_message, biztalk_store
-from helpers import Bridge
+from helpers import Bridge, kill_at
 
 FIX = Path(__file__).parent / "fixtures" / "biztalk"
 MT_PROP = "1ad2c9bd-1c4f-4c49-8a41-0b09e3c2e8a1"  # stands for BTS.MessageType's bt_DocumentSpec id
@@ -176,22 +176,10 @@ def test_late_commit_is_delivered_once(tmp_path: Path, request) -> None:
 
 @pytest.mark.slow
 def test_sigkill_between_commits_in_move_mode(tmp_path: Path, request) -> None:
-    import os
-    import signal
-    import time
-
     for b in make_bt("postgres", request, tmp_path, mode="move", batch_size=5):
         for _ in range(12):
             b.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
-        marker = tmp_path / "paused"
-        proc = b.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": "after_target_commit", "QBRIDGE_FAULT_FILE": str(marker)})
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_at(b, "after_target_commit", tmp_path)
         assert b.count("Orders") == 5 and b.count_rows("BizTalkServerApplicationQ") == 12
         assert b.cli("sync", "--once") == 0
         ids = b.message_ids("Orders")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from helpers import Bridge
+from helpers import Bridge, kill_at
 
 
 @pytest.fixture()
@@ -101,23 +99,11 @@ def test_move_mode_skips_rows_an_nginn_receiver_holds_and_takes_them_later(make)
     assert b.cli("verify") == 0
 
 
-def _kill_at(b: Bridge, point: str, tmp: Path) -> None:
-    marker = tmp / f"paused-{point}"
-    proc = b.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": point, "QBRIDGE_FAULT_FILE": str(marker)})
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "qbridge never reached the fault point"
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait(10) == -signal.SIGKILL
-
-
 @pytest.mark.slow
 def test_sigkill_between_target_commit_and_source_consume_in_move_mode(make, tmp_path: Path) -> None:
     b = make(mode="move", batch_size=25)
     b.insert(b.ready(60))
-    _kill_at(b, "after_target_commit", tmp_path)
+    kill_at(b, "after_target_commit", tmp_path)
     assert b.count("Orders") == 25  # the target committed...
     assert list(b.subqueues().values()).count("I") == 60  # ...the source did not
     assert b.cli("sync", "--once") == 0
@@ -130,7 +116,7 @@ def test_sigkill_between_target_commit_and_source_consume_in_move_mode(make, tmp
 def test_sigkill_before_target_commit_loses_and_doubles_nothing(make, tmp_path: Path) -> None:
     b = make(batch_size=25)
     b.insert(b.ready(60))
-    _kill_at(b, "before_target_commit", tmp_path)
+    kill_at(b, "before_target_commit", tmp_path)
     assert b.count("Orders") == 0
     assert b.cli("sync", "--once") == 0
     _exactly_once(b, 60)

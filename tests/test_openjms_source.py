@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from bridge.samples import openjms_destination, openjms_message, openjms_store
-from helpers import Bridge
+from helpers import Bridge, kill_at
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openjms"
 MAPPING = """
@@ -201,15 +198,7 @@ def test_sigkill_between_commits_in_move_mode(request, tmp_path: Path, pg_server
     for j in make_jms(jms_kind, request, tmp_path, pg_server, pg_schema, mode="move", batch_size=10, queues=["orders"]):
         for i in range(25):
             j.queue_message(f"ID:k-{i}", accepted=i)
-        marker = tmp_path / "paused"
-        proc = j.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": "after_target_commit", "QBRIDGE_FAULT_FILE": str(marker)})
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill_at(j, "after_target_commit", tmp_path)
         assert j.count("Orders") == 10 and j.count_rows("message_handles") == 25
         assert j.cli("sync", "--once") == 0
         ids = j.message_ids("Orders")

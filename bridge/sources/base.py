@@ -110,3 +110,19 @@ class Source:
         from bridge.jsonsafe import json_safe
 
         return {str(k): json_safe(v) for k, v in row.values.items()}
+
+
+class ScanSource(Source):
+    """A source whose rows have no increasing key: each pass lists every key and the ledger
+    says which are new, so a late commit is simply seen on a later pass."""
+
+    cursor: ClassVar[str] = "scan"
+
+    def count_after(self, conn: sa.Connection, after: int | None) -> int:
+        return len(self.scan_keys(conn))
+
+    def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[Any]:
+        yield from self.scan_keys(conn)
+
+    def max_key(self, conn: sa.Connection) -> int | None:
+        return None

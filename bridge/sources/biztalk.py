@@ -9,7 +9,7 @@ entries are new. Message data stays in Spool / MessageParts / Parts / Fragments.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import orjson
@@ -19,7 +19,7 @@ from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_co
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, Part
-from bridge.sources.base import Source, SourceRow, Subscription
+from bridge.sources.base import ScanSource, SourceRow, Subscription
 from bridge.sources.biztalk_schema import OTHER_PREDICATES, tables
 from bridge.timefmt import local_to_utc, utcnow, zone
 
@@ -55,9 +55,8 @@ def header_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-class BizTalkSource(Source):
+class BizTalkSource(ScanSource):
     system: ClassVar[str] = "biztalk"
-    cursor: ClassVar[str] = "scan"
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)
@@ -132,15 +131,6 @@ class BizTalkSource(Source):
             part["fragments"] = [bytes(b) if b is not None else None for _, b in frags]
             parts.append(part)
         return parts
-
-    def count_after(self, conn: sa.Connection, after: int | None) -> int:
-        return len(self.scan_keys(conn))
-
-    def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[str]:  # type: ignore[override]
-        yield from self.scan_keys(conn)
-
-    def max_key(self, conn: sa.Connection) -> int | None:
-        return None
 
     # -- move mode -------------------------------------------------------------------------
     def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -22,7 +22,7 @@ from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage
-from bridge.sources.base import Source, SourceRow, Subscription
+from bridge.sources.base import ScanSource, SourceRow, Subscription
 from bridge.sources.openjms_schema import SCHEMA_VERSION, is_queue, tables
 from bridge.timefmt import UTC, utcnow
 
@@ -67,9 +67,8 @@ def _json_value(prop: dict[str, Any]) -> Any:
     return prop["base64"] if prop["type"] == "byte[]" else prop.get("value")
 
 
-class OpenJMSSource(Source):
+class OpenJMSSource(ScanSource):
     system: ClassVar[str] = "openjms"
-    cursor: ClassVar[str] = "scan"
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)
@@ -145,15 +144,6 @@ class OpenJMSSource(Source):
                     rows.append(SourceRow(key=key, consumable=True, values={str(k): v for k, v in m.items()}))
         order = {k: i for i, k in enumerate(keys)}
         return sorted(rows, key=lambda r: order[r.key])
-
-    def count_after(self, conn: sa.Connection, after: int | None) -> int:
-        return len(self.scan_keys(conn))
-
-    def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[str]:  # type: ignore[override]
-        yield from self.scan_keys(conn)
-
-    def max_key(self, conn: sa.Connection) -> int | None:
-        return None
 
     # -- move mode -------------------------------------------------------------------------
     def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:

@@ -148,21 +148,21 @@ class JobRunner:
         with self.target_engine.connect() as tconn, tconn.begin():
             cp = self.state.lock_checkpoint(tconn, job.name, source.queue)
             if getattr(source, "cursor", "monotonic") == "scan":
-                rows, stats.more, consume = self._scan(sconn, tconn, source, lock)
+                rows, stats.more, consume, known = self._scan(sconn, tconn, source, lock)
                 late: list[SourceRow] = []
                 given_up: list[Gap] = []
             else:
                 new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
                 still_open, given_up = expire(cp.gaps, now, job.window_seconds)
                 late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in still_open], lock)
-                rows, consume = late + new, []
+                rows, consume, known = late + new, [], None
                 stats.more = len(new) >= job.batch_size
                 # Before the first row ever read, every id from 1 up may still commit late.
                 start = cp.high if cp.high is not None else 0
                 cp.gaps = fill(still_open, [r.key for r in late]) + holes(start, [r.key for r in new], now)
                 if new:
                     cp.high = new[-1].key
-            outs, entries, quarantined, consume_now = self._process(tconn, source, rows, lock, stats)
+            outs, entries, quarantined, consume_now = self._process(tconn, source, rows, lock, stats, known)
             consume += consume_now
             self.writer.write(tconn, outs)
             try:
@@ -187,7 +187,7 @@ class JobRunner:
         return consume
 
     def _scan(self, sconn: sa.Connection, tconn: sa.Connection, source: Source, lock: bool
-              ) -> tuple[list[SourceRow], bool, list]:
+              ) -> tuple[list[SourceRow], bool, list, dict[str, str]]:
         """A source without an increasing key: list every row's key, and let the ledger say
         which are new. In move mode, rows delivered earlier but still there are consumed."""
         keys = source.scan_keys(sconn)
@@ -196,12 +196,14 @@ class JobRunner:
         todo = [k for k in keys if str(ids[k]) not in known]
         leftovers = [k for k in keys if known.get(str(ids[k])) in ("delivered", "skipped")] if lock else []
         batch = todo[: self.job.batch_size]
-        return source.fetch_keys(sconn, batch, lock), len(todo) > len(batch), leftovers
+        return source.fetch_keys(sconn, batch, lock), len(todo) > len(batch), leftovers, known
 
-    def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats
+    def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+                 known: dict[str, str] | None = None
                  ) -> tuple[list[Outgoing], list[LedgerEntry], list[Quarantined], list[int]]:
         ids = [self.message_id(source, r) for r in rows]
-        known = self.state.known(tconn, ids)
+        if known is None:  # a scan source's pass has just looked these up
+            known = self.state.known(tconn, ids)
         outs: list[Outgoing] = []
         entries: list[LedgerEntry] = []
         quarantined: list[Quarantined] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -13,7 +14,7 @@ from rich.table import Table
 from sqlalchemy import exc as sa_exc
 
 from bridge.config import Config, load_config
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, UsageError
 from bridge.pipeline.loop import JobRunner, PassStats
 
 # Piped output (CI logs, `| less`) gets room for the summary tables instead of 80 columns.
@@ -39,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     i = cmd("init", "create the target queue, delayed, subscription, error and state tables that are missing")
     i.add_argument("--print-sql", action="store_true", help="print the DDL for a DBA instead of running it")
     m = cmd("migrate", "bulk migration of everything the legacy queues hold now")
-    m.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    m.add_argument("--master", help="Spark master URL: local[*] (the default), local[N], spark://host:7077, ... "
+                   "Under spark-submit, the master spark-submit was given")
+    m.add_argument("--unit-rows", type=int, metavar="N", help="rows per Spark task (default: a few tasks per core, at most 50,000 rows each)")
+    m.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
     s = cmd("sync", "one incremental pass over every queue of the job(s)")
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
     s.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
@@ -58,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     level = args.log_level
-    if args.command == "sync" and level == "WARNING":
+    if args.command in ("sync", "migrate") and level == "WARNING":
         level = "INFO"
     logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -109,13 +113,15 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from bridge.pipeline.inprocess import run_inprocess
+    from bridge.pipeline.spark import run_spark
 
-    _, runners = _runners(args)
-    if args.master != "local[*]":
-        logging.getLogger("qbridge.migrate").warning(
-            "the Spark engine is not built yet; --master %s is ignored and the in-process engine runs", args.master)
-    _summary(run_inprocess(runners, console=err))
+    config, runners = _runners(args)
+    if args.unit_rows is not None and args.unit_rows < 1:
+        raise UsageError("--unit-rows must be at least 1")
+    master = args.master
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        master = "local[*]"
+    _summary(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows, attempts=args.retries))
     return 0
 
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from bridge import provision
 from bridge.config import load_config
 from bridge.db import dispose_all, engine_for
-from bridge.pipeline.inprocess import run_inprocess
+from bridge.pipeline.spark import run_spark
 from bridge.pipeline.loop import JobRunner
 from bridge.reconcile import verify
 from bridge.samples import (
@@ -181,7 +181,7 @@ def run_demo(directory: str | None, console: Console) -> int:
             created, _ = provision.create_missing(p)
             console.print(f"created {len(created)} NServiceBus and qbridge tables", markup=False)
         runners = [JobRunner(config, job) for job in config.jobs]
-        totals = run_inprocess(runners, console=console)
+        totals = run_spark(config, runners, console=console, master="local[*]")
         t = Table(title="what moved")
         for col in ("legacy queue", "read", "delivered", "skipped", "quarantined"):
             t.add_column(col)

@@ -47,3 +47,7 @@ class BadRow(BridgeError):
 
 class UnreadableBlob(BridgeError):
     """A blob given to `qbridge inspect` cannot be decoded."""
+
+
+class MigrationFailed(BridgeError):
+    """A Spark task kept failing; what committed stays in the ledger and a re-run continues."""

@@ -1,7 +1,9 @@
 """Named points where a test can freeze a real qbridge process, to kill it there.
 
 `QBRIDGE_FAULT_PAUSE=<point>[:<n>]` makes the process, at the n-th time (default 1st) it reaches
-`<point>`, write `QBRIDGE_FAULT_FILE` and sleep until killed. Unset, `reached` costs one dict lookup.
+`<point>`, write `QBRIDGE_FAULT_FILE` and sleep until killed. `QBRIDGE_FAULT_FAIL=<point>` raises
+there instead, on the first attempt of a Spark task (never outside Spark). Unset, `reached`
+costs two dict lookups.
 """
 
 from __future__ import annotations
@@ -11,9 +13,20 @@ import time
 from pathlib import Path
 
 _counts: dict[str, int] = {}
+attempt: int | None = None  # the Spark task attempt running in this process; None outside Spark
+
+
+class InjectedFault(RuntimeError):
+    """Raised where `QBRIDGE_FAULT_FAIL=<point>` asks, on a task's first attempt only."""
 
 
 def reached(point: str) -> None:
+    if attempt == 0 and os.environ.get("QBRIDGE_FAULT_FAIL") == point:
+        marker = os.environ.get("QBRIDGE_FAULT_FILE")
+        if marker:
+            with open(marker, "a") as f:
+                f.write(f"{os.getpid()} {point} failed\n")
+        raise InjectedFault(f"injected fault at {point} (QBRIDGE_FAULT_FAIL)")
     spec = os.environ.get("QBRIDGE_FAULT_PAUSE")
     if not spec:
         return

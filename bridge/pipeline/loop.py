@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -21,6 +24,7 @@ from bridge.db import describe, engine_for
 from bridge.errors import BadRow, RetryableError
 from bridge.model import message_id_for
 from bridge.pipeline.gaps import Gap, expire, fill, holes
+from bridge.retry import with_backoff
 from bridge.sources import Source, SourceRow, Subscription, source_class
 from bridge.state import LedgerEntry, Quarantined, State
 from bridge.targets.envelope import Outgoing, Skipped, envelope
@@ -53,6 +57,14 @@ class PassStats:
         self.gaps_given_up.extend(other.gaps_given_up)
         if other.lag_seconds is not None:
             self.lag_seconds = other.lag_seconds
+
+
+@dataclass
+class RangeResult:
+    """What one range or key list did, and the ids in it no row had (gaps to keep watching)."""
+
+    stats: PassStats
+    gaps: list[Gap] = field(default_factory=list)
 
 
 def database_identity(job: JobConfig, url: str) -> str:
@@ -162,15 +174,7 @@ class JobRunner:
                 cp.gaps = fill(still_open, [r.key for r in late]) + holes(start, [r.key for r in new], now)
                 if new:
                     cp.high = new[-1].key
-            outs, entries, quarantined, consume_now = self._process(tconn, source, rows, lock, stats, known)
-            consume += consume_now
-            self.writer.write(tconn, outs)
-            try:
-                self.state.record(tconn, job.name, source.queue, entries, quarantined)
-            except sa_exc.IntegrityError:
-                raise RetryableError(
-                    f"another qbridge job delivered messages of {source.queue!r} at the same time; the pass is rolled back and retried"
-                ) from None
+            consume += self._deliver(tconn, source, rows, lock, stats, known)
             cp.pending = consume
             if stats.delivered:
                 cp.last_delivery_at = utcnow()
@@ -185,6 +189,83 @@ class JobRunner:
             log.info("job=%s queue=%s ids %d..%d never committed within %s; no longer waiting for them",
                      job.name, source.queue, gap.lo, gap.hi, job.late_commit_window)
         return consume
+
+    def _deliver(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+                 known: dict[str, str] | None = None) -> list:
+        """Decodes, maps and writes `rows` with their ledger entries in the caller's target
+        transaction; returns the keys move mode may consume once it commits."""
+        outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
+        self.writer.write(tconn, outs)
+        try:
+            self.state.record(tconn, self.job.name, source.queue, entries, quarantined)
+        except sa_exc.IntegrityError:
+            raise RetryableError(
+                f"another qbridge process delivered messages of {source.queue!r} at the same time; the batch is rolled back and retried"
+            ) from None
+        return consume
+
+    # -- ranges (the Spark engine's unit of work) -------------------------------------------
+    def run_range(self, queue: str, after: int | None, upto: int) -> RangeResult:
+        """Every row with `after < key <= upto`, in batches, without the queue's checkpoint:
+        the ledger alone keeps a retried or duplicated range from delivering twice. Ids in the
+        range that no row had are returned as gaps for the driver to keep watching."""
+        source = self.sources[queue]
+        result = RangeResult(PassStats(queue))
+        cursor = after
+        while True:
+            rows = self._range_batch(source, cursor, upto, result.stats)
+            now = time.time()
+            keys = [r.key for r in rows]
+            start = cursor if cursor is not None else 0
+            result.gaps += holes(start, keys, now)
+            if len(rows) < self.job.batch_size:
+                last = keys[-1] if keys else start
+                if last < upto:
+                    result.gaps.append(Gap(last + 1, upto, now))
+                return result
+            cursor = keys[-1]
+
+    def _range_batch(self, source: Source, after: int | None, upto: int, total: PassStats) -> list[SourceRow]:
+        def batch() -> list[SourceRow]:
+            return self._batch_tx(source, lambda sconn, lock: source.fetch_after(sconn, after, self.job.batch_size, lock, upto=upto), total)
+
+        return with_backoff(batch, f"job {self.job.name} queue {source.queue} ids {after}..{upto}")
+
+    def run_keys(self, queue: str, keys: Sequence[Any]) -> RangeResult:
+        """A scan source's share of the work: these keys, in batches."""
+        source = self.sources[queue]
+        result = RangeResult(PassStats(queue))
+        size = self.job.batch_size
+        for start in range(0, len(keys), size):
+            chunk = keys[start:start + size]
+            with_backoff(lambda c=chunk: self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats),
+                         f"job {self.job.name} queue {queue} keys {chunk[0]}..{chunk[-1]}")
+        return result
+
+    def _batch_tx(self, source: Source, fetch, total: PassStats) -> list[SourceRow]:
+        """One batch in the two transactions of a pass; `total` is only added to once it commits."""
+        lock = self.job.mode == "move"
+        stats = PassStats(source.queue)
+        started = time.monotonic()
+        with self.source_engine.connect() as sconn:
+            stx = sconn.begin()
+            try:
+                rows = fetch(sconn, lock)
+                with self.target_engine.connect() as tconn, tconn.begin():
+                    consume = self._deliver(tconn, source, rows, lock, stats)
+                    faults.reached("before_target_commit")
+                faults.reached("after_target_commit")
+                if consume:
+                    stats.consumed = source.consume(sconn, consume)
+                stx.commit()
+            except BaseException:
+                stx.rollback()
+                raise
+        stats.read = len(rows)
+        stats.seconds = time.monotonic() - started
+        self._log(stats)
+        total.add(stats)
+        return rows
 
     def _scan(self, sconn: sa.Connection, tconn: sa.Connection, source: Source, lock: bool
               ) -> tuple[list[SourceRow], bool, list, dict[str, str]]:

@@ -50,8 +50,9 @@ class Source:
         """Raises SourceSchemaError when the legacy tables are not what this source reads."""
         raise NotImplementedError
 
-    def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool) -> list[SourceRow]:
-        """Rows with key > after, ascending, at most `limit`; `lock` takes them skip-locked."""
+    def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
+                    upto: int | None = None) -> list[SourceRow]:
+        """Rows with after < key <= upto, ascending, at most `limit`; `lock` takes them skip-locked."""
         raise NotImplementedError
 
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:
@@ -99,6 +100,10 @@ class Source:
         raise NotImplementedError
 
     def max_key(self, conn: sa.Connection) -> int | None:
+        raise NotImplementedError
+
+    def keys_after(self, conn: sa.Connection, after: int | None) -> Iterator[int]:
+        """Every key > after, ascending, streamed (for planning ranges)."""
         raise NotImplementedError
 
     def subscriptions(self, conn: sa.Connection) -> list[Subscription]:

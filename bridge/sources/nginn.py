@@ -103,10 +103,13 @@ class NGinnSource(Source):
             for m in result.mappings()
         ]
 
-    def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool) -> list[SourceRow]:
+    def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
+                    upto: int | None = None) -> list[SourceRow]:
         stmt = self._select(lock).limit(limit)
         if after is not None:
             stmt = stmt.where(self.table.c.id > after)
+        if upto is not None:
+            stmt = stmt.where(self.table.c.id <= upto)
         return self._rows(conn.execute(stmt))
 
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:
@@ -127,7 +130,13 @@ class NGinnSource(Source):
         return None if value is None else int(value)
 
     def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[int]:
-        stmt = sa.select(self.table.c.id).where(self.table.c.id <= high).order_by(self.table.c.id)
+        return self._stream_keys(conn, self.table.c.id <= high)
+
+    def keys_after(self, conn: sa.Connection, after: int | None) -> Iterator[int]:
+        return self._stream_keys(conn, sa.true() if after is None else self.table.c.id > after)
+
+    def _stream_keys(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> Iterator[int]:
+        stmt = sa.select(self.table.c.id).where(where).order_by(self.table.c.id)
         for (key,) in conn.execution_options(stream_results=True, yield_per=10_000).execute(stmt):
             yield int(key)
 

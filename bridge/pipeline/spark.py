@@ -1,0 +1,312 @@
+"""The Spark engine of `qbridge migrate`: plans work units on the driver, runs them as tasks.
+
+It owns no transform logic: each task calls `JobRunner.run_range` / `run_keys`, the same
+batch code path `sync --once` runs. Exactly once under task retries, speculative copies and
+re-runs after a killed driver comes from the ledger (keyed by the deterministic message id and
+written in the target transaction of each batch), not from Spark: a unit that runs twice finds
+its messages already in the ledger. Only when every unit of a queue has succeeded does the
+driver move that queue's checkpoint past the planned keys, keeping the ids no row had as gaps;
+then one in-process drain re-reads those gaps and picks up rows that arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from bridge import faults
+from bridge.config import Config
+from bridge.errors import BridgeError, MigrationFailed
+from bridge.pipeline.gaps import Gap
+from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
+from bridge.retry import with_backoff
+
+log = logging.getLogger("qbridge.migrate")
+
+MAX_UNIT_ROWS = 50_000  # a retried unit re-reads at most this many rows
+UNITS_PER_CORE = 4  # enough units that a slow one does not leave cores idle at the end
+TASK_ATTEMPTS = 4  # spark.task.maxFailures: a task lost with its executor runs again
+_LOCAL = re.compile(r"^local(\[(\*|\d+)\])?$")
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One task: the rows of one queue with after < key <= upto, or (scan sources) these keys."""
+
+    index: int
+    job: str
+    queue: str
+    rows: int  # planned, for progress
+    after: int | None = None
+    upto: int | None = None
+    keys: tuple[Any, ...] | None = None
+
+
+@dataclass
+class QueuePlan:
+    runner: JobRunner
+    queue: str
+    start_high: int | None  # the checkpoint the plan started from
+    high: int | None  # the last planned key (monotonic sources)
+    units: int = 0
+    rows: int = 0
+
+
+def unit_size(backlog: int, batch_size: int, cores: int) -> int:
+    """Rows per unit: a few units per core, never under one batch nor over MAX_UNIT_ROWS."""
+    per = math.ceil(backlog / max(1, cores * UNITS_PER_CORE)) if backlog else batch_size
+    return max(batch_size, min(MAX_UNIT_ROWS, per))
+
+
+def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tuple[QueuePlan, list[WorkUnit]]:
+    """Streams the queue's keys once (never its rows) and cuts them every `size` keys."""
+    source = runner.sources[queue]
+    job = runner.job.name
+    with runner.target_engine.connect() as tconn:
+        cp = runner.state.read_checkpoints(tconn, job)[queue]
+    plan = QueuePlan(runner, queue, cp.high, cp.high)
+    units: list[WorkUnit] = []
+    with runner.source_engine.connect() as sconn:
+        if source.cursor == "scan":
+            for keys in _new_keys(runner, sconn, queue, size):
+                units.append(WorkUnit(first_index + len(units), job, queue, len(keys), keys=tuple(keys)))
+        else:
+            after, count, last = cp.high, 0, None
+            for key in source.keys_after(sconn, cp.high):
+                count += 1
+                last = key
+                if count == size:
+                    units.append(WorkUnit(first_index + len(units), job, queue, count, after=after, upto=key))
+                    after, count = key, 0
+            if count:
+                units.append(WorkUnit(first_index + len(units), job, queue, count, after=after, upto=last))
+            if last is not None:
+                plan.high = last
+    plan.units = len(units)
+    plan.rows = sum(u.rows for u in units)
+    return plan, units
+
+
+def _new_keys(runner: JobRunner, sconn: Any, queue: str, size: int) -> Iterator[list[Any]]:
+    """A scan source's keys the ledger does not know yet, in lists of `size`. Such sources
+    can only list their keys, so the driver holds the backlog's keys (not its rows)."""
+    from bridge.model import message_id_for
+
+    source = runner.sources[queue]
+    keys = source.scan_keys(sconn)
+    todo: list[Any] = []
+    with runner.target_engine.connect() as tconn:
+        for start in range(0, len(keys), 10_000):
+            chunk = keys[start:start + 10_000]
+            ids = [message_id_for(source.system, runner.database, queue, str(k)) for k in chunk]
+            known = runner.state.known(tconn, ids)
+            todo.extend(k for k, mid in zip(chunk, ids) if str(mid) not in known)
+            while len(todo) >= size:
+                yield todo[:size]
+                todo = todo[size:]
+    if todo:
+        yield todo
+
+
+def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
+    """Every unit of the queue succeeded: move its checkpoint past the planned keys and keep
+    the ids no unit found as gaps, so rows that commit late there are still read."""
+    runner, queue = plan.runner, plan.queue
+    if plan.high is None and not gaps:
+        return
+
+    def move() -> None:
+        with runner.target_engine.begin() as tconn:
+            cp = runner.state.lock_checkpoint(tconn, runner.job.name, queue)
+            if plan.high is not None and (cp.high is None or cp.high < plan.high):
+                cp.high = plan.high
+            cp.gaps = sorted(set(cp.gaps) | set(gaps), key=lambda g: (g.lo, g.hi, g.since))
+            runner.state.save_checkpoint(tconn, cp)
+
+    with_backoff(move, f"job {runner.job.name} queue {queue}: saving the checkpoint")
+
+
+# -- executor side ---------------------------------------------------------------------------
+_RUNNERS: dict[str, JobRunner] = {}
+
+
+def run_unit(config: Config, unit: WorkUnit) -> tuple[int, PassStats, list[Gap]]:
+    """One task. Python workers are reused between tasks, so engines are built once per worker."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    faults.attempt = ctx.attemptNumber() if ctx is not None else None
+    runner = _RUNNERS.get(unit.job)
+    if runner is None:
+        runner = _RUNNERS[unit.job] = JobRunner(config, config.job(unit.job))
+    try:
+        if unit.keys is not None:
+            result: RangeResult = runner.run_keys(unit.queue, list(unit.keys))
+        else:
+            assert unit.upto is not None
+            result = runner.run_range(unit.queue, unit.after, unit.upto)
+    except Exception as e:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+        what = f"keys {unit.keys[0]}..{unit.keys[-1]}" if unit.keys else f"ids {unit.after}..{unit.upto}"
+        # Spark retries the task; what its batches committed stays in the ledger.
+        log.warning("job=%s queue=%s %s: attempt %d failed: %s: %s", unit.job, unit.queue, what,
+                    (faults.attempt or 0) + 1, type(e).__name__, reason[0] if reason else "")
+        raise
+    return unit.index, result.stats, result.gaps
+
+
+# -- driver side -----------------------------------------------------------------------------
+def spark_session(master: str | None, app: str = "qbridge migrate") -> Any:
+    """A SparkSession on `master`; None keeps the master spark-submit was given."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app)
+    if master is not None:
+        m = _LOCAL.match(master)
+        # Plain local masters never retry a failed task; give them the same attempts as a cluster.
+        builder = builder.master(f"local[{m.group(2) or 1},{TASK_ATTEMPTS}]" if m else master)
+    log4j = Path(__file__).resolve().parent.parent / "spark_conf" / "log4j2.properties"
+    builder = (
+        builder.config("spark.task.maxFailures", str(TASK_ATTEMPTS))
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.executorEnv.PYTHONHASHSEED", "0")
+    )
+    for name, value in os.environ.items():
+        if name.startswith("QBRIDGE_FAULT"):
+            builder = builder.config(f"spark.executorEnv.{name}", value)
+    return builder.getOrCreate()
+
+
+def run_spark(config: Config, runners: list[JobRunner], console: Console, master: str | None,
+              unit_rows: int | None = None, attempts: int = 5) -> list[PassStats]:
+    """Plans every queue of every job, runs the units on Spark, then finishes each queue."""
+    for runner in runners:
+        name = runner.job.name
+        with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
+        with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
+
+    spark = spark_session(master)
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    if sc.uiWebUrl:
+        console.print(f"Spark UI: {sc.uiWebUrl}  (master {sc.master})", markup=False, highlight=False)
+    try:
+        return _run(config, runners, console, sc, unit_rows, attempts)
+    finally:
+        spark.stop()
+
+
+def _run(config: Config, runners: list[JobRunner], console: Console, sc: Any, unit_rows: int | None,
+         attempts: int) -> list[PassStats]:
+    from bridge.pipeline.inprocess import backlog
+
+    cores = max(1, int(sc.defaultParallelism))
+    plans: list[QueuePlan] = []
+    units: list[WorkUnit] = []
+    for runner in runners:
+        counts = with_backoff(lambda r=runner: backlog(r), f"job {runner.job.name}: counting rows", attempts=attempts)
+        for queue, n in counts.items():
+            size = unit_rows or unit_size(n, runner.job.batch_size, cores)
+            plan, queue_units = with_backoff(lambda r=runner, q=queue, s=size: plan_queue(r, q, s, len(units)),
+                                             f"job {runner.job.name} queue {queue}: planning", attempts=attempts)
+            plans.append(plan)
+            units.extend(queue_units)
+    log.info("planned %d units over %d queues (%d rows)", len(units), len(plans), sum(p.rows for p in plans))
+
+    started = time.monotonic()
+    results = _execute(config, sc, units, console) if units else []
+    spark_seconds = time.monotonic() - started
+
+    by_queue: dict[tuple[str, str], list[tuple[PassStats, list[Gap]]]] = {}
+    unit_of = {u.index: u for u in units}
+    for index, stats, gaps in results:
+        u = unit_of[index]
+        by_queue.setdefault((u.job, u.queue), []).append((stats, gaps))
+    totals: list[PassStats] = []
+    for plan in plans:
+        name = plan.runner.job.name
+        total = PassStats(f"{name}/{plan.queue}")
+        gaps: list[Gap] = []
+        for stats, unit_gaps in by_queue.get((name, plan.queue), []):
+            total.add(stats)
+            gaps.extend(unit_gaps)
+        total.seconds = spark_seconds if plan.units else 0.0
+        finish_queue(plan, gaps)
+        # The same pass `sync --once` runs: re-reads the gaps, takes rows that arrived meanwhile.
+        tail = with_backoff(lambda r=plan.runner, q=plan.queue: r.drain(q), f"job {name} queue {plan.queue}", attempts=attempts)
+        total.add(tail)
+        total.gaps_open = tail.gaps_open
+        totals.append(total)
+    return totals
+
+
+def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console) -> list[tuple[int, PassStats, list[Gap]]]:
+    """Runs the units as one Spark job, one partition each, with a progress bar over them."""
+    group = f"qbridge-{os.getpid()}-{time.time_ns()}"
+    sc.setJobGroup(group, "qbridge migrate", interruptOnCancel=True)
+    rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u))
+    box: dict[str, Any] = {}
+
+    def collect() -> None:
+        try:
+            box["results"] = rdd.collect()
+        except BaseException as e:  # re-raised on the driver's main thread
+            box["error"] = e
+
+    worker = threading.Thread(target=collect, name="qbridge-spark-collect", daemon=True)
+    worker.start()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    tracker = sc.statusTracker()
+    try:
+        with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
+            task = progress.add_task("units", total=len(units))
+            while worker.is_alive():
+                worker.join(0.5)
+                progress.update(task, completed=_completed(tracker, group))
+            progress.update(task, completed=len(units) if "results" in box else _completed(tracker, group))
+    except KeyboardInterrupt:
+        sc.cancelJobGroup(group)
+        raise
+    if "error" in box:
+        raise _task_error(box["error"]) from None
+    return box["results"]
+
+
+def _completed(tracker: Any, group: str) -> int:
+    done = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        for stage_id in info.stageIds if info else ():
+            stage = tracker.getStageInfo(stage_id)
+            if stage:
+                done += stage.numCompletedTasks
+    return done
+
+
+def _task_error(e: BaseException) -> BaseException:
+    """Spark wraps a task's exception in a page of JVM trace; keep the Python error's last line."""
+    if isinstance(e, BridgeError):
+        return e
+    text = str(e)
+    python_lines = [ln.strip() for ln in text.splitlines() if re.match(r"^\s*[\w.]+(Error|Exception)\b.*:", ln)]
+    reason = python_lines[-1] if python_lines else text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return MigrationFailed(
+        f"a Spark task failed {TASK_ATTEMPTS} times and the migration stopped: {reason}. Nothing is lost or doubled: "
+        "committed batches are in the ledger, and re-running `qbridge migrate` continues from there"
+    )

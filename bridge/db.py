@@ -38,6 +38,10 @@ def engine_for(url: str) -> sa.Engine:
         kwargs["connect_args"] = {"timeout": 30}
     if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
         kwargs["pool_size"] = 2
+    if parsed.drivername == "postgresql+psycopg":
+        # psycopg prepares a statement after 5 runs, and PostgreSQL may then keep a generic
+        # plan made while the ledger was nearly empty: a sequential scan per batch at 1M rows.
+        kwargs["connect_args"] = {"prepare_threshold": None}
     engine = _ENGINES[url] = sa.create_engine(url, **kwargs)
     if parsed.get_backend_name() == "sqlite":
         _sqlite_immediate(engine)

@@ -117,7 +117,13 @@ class Mapping(BaseModel):
         return sorted(set(self.routes.values()))
 
     def dropped(self, header: str) -> bool:
-        return self._drop_re is not None and self._drop_re.match(header) is not None
+        memo: dict[str, bool] = self.__dict__.setdefault("_dropped_memo", {})
+        hit = memo.get(header)
+        if hit is None:
+            hit = self._drop_re is not None and self._drop_re.match(header) is not None
+            if len(memo) < 10_000:  # header names repeat; a flood of unique ones is not cached
+                memo[header] = hit
+        return hit
 
     @property
     def _drop_re(self) -> re.Pattern[str] | None:

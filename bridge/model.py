@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from functools import lru_cache
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -26,6 +27,7 @@ AwareDatetime = Annotated[datetime, AfterValidator(_aware)]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
+@lru_cache(maxsize=8192)  # a batch asks for each id twice: the loop, then the source's decode
 def message_id_for(system: str, database: str, queue: str, key: str) -> uuid.UUID:
     """Deterministic id of one source message (UUIDv5 over its coordinates)."""
     return uuid.uuid5(MESSAGE_ID_NAMESPACE, f"{system}/{database}/{queue}/{key}")

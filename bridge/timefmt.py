@@ -35,7 +35,7 @@ def to_wire(value: datetime) -> str:
     if value.tzinfo is None:
         raise ValueError("a wire timestamp needs a time zone")
     v = value.astimezone(UTC)
-    return v.strftime("%Y-%m-%d %H:%M:%S:") + f"{v.microsecond:06d} Z"
+    return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}:{v.microsecond:06d} Z"
 
 
 def from_wire(text: str) -> datetime:

@@ -98,10 +98,12 @@ class NGinnSource(Source):
         return stmt
 
     def _rows(self, result: sa.CursorResult) -> list[SourceRow]:
-        return [
-            SourceRow(key=int(m["id"]), consumable=m["subqueue"] in CONSUMABLE, values=dict(m))
-            for m in result.mappings()
-        ]
+        names = list(result.keys())
+        out = []
+        for row in result.fetchall():
+            values = dict(zip(names, row))
+            out.append(SourceRow(key=int(values["id"]), consumable=values["subqueue"] in CONSUMABLE, values=values))
+        return out
 
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
                     upto: int | None = None) -> list[SourceRow]:

@@ -1,0 +1,267 @@
+"""Bulk migration speed and memory: qbridge on Spark, the in-process engine, and PostgreSQL's
+own bulk path, on the same seeded NGinn rows in one run.
+
+    python3 bench/migrate.py                 # N = 100k and 1M
+    python3 bench/migrate.py --rows 100000   # one size
+
+Per N it seeds an NGinn queue table on the local PostgreSQL (70% ready, 10% delayed, 10%
+failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then times
+  (a) `qbridge migrate` (Spark local[*]),
+  (b) `qbridge sync --once` (the in-process engine),
+  (c) `COPY (SELECT <the same column transformation>) TO STDOUT` piped into `COPY ... FROM STDIN`
+      of NServiceBus-shaped tables, per destination table,
+each as its own process, sampling the summed RSS of its Python processes (driver and Spark's
+Python workers; the JVM is not a Python process) every 100 ms. Prints rows/s, a/c and b/c, and
+peak RSS; the goals are a/c >= 0.5 at 1M and peak RSS at 1M within 20% of that at 100k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+PG = "postgresql+psycopg://127.0.0.1/test"
+SRC, TGT, REF = "qbench_src", "qbench_tgt", "qbench_ref"
+QUEUE = "MQueue1"
+TZ = "Europe/Warsaw"
+
+MAPPING = """\
+[routes]
+"MQueue1" = "Orders"
+"*"       = "Orders"
+
+[headers.rename]
+"_NG-ReplyTo" = "NServiceBus.ReplyToAddress"
+
+[states]
+ready = "queue"
+delayed = "delayed"
+failed = "error"
+processed = "skip"
+"""
+
+CONFIG = """\
+[connections]
+legacy = "{pg}"
+nsb    = "{pg}"
+
+[[jobs]]
+name       = "bench"
+source     = {{ system = "nginn", connection = "legacy", queues = ["{queue}"], timezone = "{tz}", database = "LegacyDb", schema = "{src}" }}
+target     = {{ connection = "nsb", flavor = "postgresql", schema = "{tgt}" }}
+mapping    = "mapping.toml"
+batch_size = 2000
+"""
+
+SEED = f"""
+INSERT INTO "{SRC}"."{QUEUE}" (from_endpoint, to_endpoint, subqueue, insert_time, last_processed, retry_count,
+                               retry_time, error_info, correlation_id, label, msg_text, msg_headers, unique_id)
+SELECT 'sql://db/Sender', 'sql://db/{QUEUE}',
+       s.q,
+       now()::timestamp - interval '1 hour' + g * interval '1 millisecond',
+       CASE WHEN s.q IN ('X', 'F', 'R') THEN now()::timestamp END,
+       CASE s.q WHEN 'F' THEN 3 WHEN 'R' THEN 1 ELSE 0 END,
+       CASE WHEN s.q = 'R' THEN now()::timestamp + interval '1 day' ELSE now()::timestamp END,
+       CASE WHEN s.q = 'F' THEN 'System.InvalidOperationException: Order ' || g || ' cannot be shipped' || chr(13) || chr(10) ||
+                                '   at Shop.Handlers.ShipOrderHandler.Handle(ShipOrder message)' END,
+       'corr-' || (g / 10), NULL,
+       '{{"$type":"Shop.Messages.OrderPlaced, Shop.Messages","OrderId":' || g ||
+         ',"Customer":"customer-' || (g %% 997) || '","Lines":[' ||
+         repeat('{{"Sku":"SKU-000123","Qty":2,"Price":19.99}},', 9) || '{{"Sku":"SKU-000999","Qty":1,"Price":5.00}}],' ||
+         '"Note":"' || repeat('x', 40) || '"}}',
+       '_NG-ReplyTo=sql://db/Replies|Tenant=acme|Region=eu-' || (g %% 3) || '|Seq=' || g,
+       md5(g::text)
+FROM generate_series(1, %(n)s) AS g
+CROSS JOIN LATERAL (SELECT CASE WHEN g %% 10 < 7 THEN 'I' WHEN g %% 10 = 7 THEN 'R' WHEN g %% 10 = 8 THEN 'F' ELSE 'X' END AS q) s
+"""
+
+# (c): the headers qbridge writes for these rows, built by PostgreSQL itself.
+_HEADERS = f"""json_build_object(
+    'NServiceBus.MessageId', md5('nginn/LegacyDb/{QUEUE}/' || id)::uuid,
+    'NServiceBus.MessageIntent', 'Send',
+    'NServiceBus.TimeSent', to_char((insert_time AT TIME ZONE '{TZ}') AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS:US') || ' Z',
+    'NServiceBus.CorrelationId', correlation_id,
+    'NServiceBus.ConversationId', md5('nginn/LegacyDb/{QUEUE}/' || id)::uuid,
+    'NServiceBus.EnclosedMessageTypes', msg_text::json->>'$type',
+    'NServiceBus.ContentType', 'application/json',
+    'NServiceBus.ReplyToAddress', split_part(substring(msg_headers from '_NG-ReplyTo=([^|]*)'), '/', 4),
+    'NServiceBus.OriginatingEndpoint', '{QUEUE}',
+    'QBridge.Source', 'nginn://LegacyDb/{QUEUE}/' || id,
+    'NGinn.BusMessageId', id::text,
+    'NGinn.FromEndpoint', from_endpoint,
+    'NGinn.ToEndpoint', to_endpoint,
+    'Tenant', substring(msg_headers from 'Tenant=([^|]*)'),
+    'Region', substring(msg_headers from 'Region=([^|]*)'),
+    'Seq', substring(msg_headers from 'Seq=([^|]*)')
+)"""
+_FAILURE = """jsonb_build_object(
+    'NServiceBus.FailedQ', 'Orders',
+    'NServiceBus.ExceptionInfo.ExceptionType', split_part(error_info, ':', 1),
+    'NServiceBus.ExceptionInfo.Message', split_part(split_part(error_info, chr(13), 1), ': ', 2),
+    'NServiceBus.ExceptionInfo.StackTrace', error_info,
+    'NServiceBus.TimeOfFailure', to_char(last_processed, 'YYYY-MM-DD HH24:MI:SS:US') || ' Z')"""
+REFERENCE = [
+    (f'SELECT gen_random_uuid(), NULL::timestamp, {_HEADERS}::text, convert_to(msg_text, \'UTF8\') '
+     f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'', f'"{REF}"."Orders" (id, expires, headers, body)'),
+    (f'SELECT gen_random_uuid(), ({_HEADERS}::jsonb || {_FAILURE})::text, convert_to(msg_text, \'UTF8\') '
+     f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'F\'', f'"{REF}"."error" (id, headers, body)'),
+    (f'SELECT gen_random_uuid(), {_HEADERS}::text, convert_to(msg_text, \'UTF8\'), retry_time '
+     f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'R\'', f'"{REF}"."Orders.Delayed" (id, headers, body, due)'),
+]
+
+
+def libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def reference(url: str) -> None:
+    """(c), run in its own process: one COPY-to-COPY pipe per destination table."""
+    with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
+        for select, table in REFERENCE:
+            with src.cursor().copy(f"COPY ({select}) TO STDOUT") as out, dst.cursor().copy(f"COPY {table} FROM STDIN") as into:
+                for block in out:
+                    into.write(block)
+        dst.commit()
+
+
+class RssSampler(threading.Thread):
+    """Peak summed RSS of the Python processes in a process tree, sampled every 100 ms."""
+
+    def __init__(self, root: int) -> None:
+        super().__init__(daemon=True)
+        self.root, self.peak, self.stop = root, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, sum(rss for _, rss in self._python_tree()))
+            self.stop.wait(0.1)
+
+    def _python_tree(self) -> list[tuple[int, int]]:
+        parents: dict[int, int] = {}
+        names: dict[int, str] = {}
+        rss: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            pid = int(entry)
+            rest = stat.rsplit(")", 1)[1].split()
+            parents[pid] = int(rest[1])
+            names[pid] = stat[stat.index("(") + 1: stat.rindex(")")]
+            for line in status.splitlines():
+                if line.startswith("VmRSS:"):
+                    rss[pid] = int(line.split()[1]) * 1024
+        tree, frontier = {self.root}, [self.root]
+        while frontier:
+            p = frontier.pop()
+            for child, parent in parents.items():
+                if parent == p and child not in tree:
+                    tree.add(child)
+                    frontier.append(child)
+        return [(p, rss.get(p, 0)) for p in tree if names.get(p, "").startswith("python")]
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, int]:
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = RssSampler(proc.pid)
+    sampler.start()
+    _, err = proc.communicate()
+    seconds = time.perf_counter() - started
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{err.decode()[-3000:]}")
+    return seconds, sampler.peak
+
+
+def sql(url: str, *statements: str, **params: object) -> None:
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s, params or None)
+
+
+def count(url: str, table: str) -> int:
+    with psycopg.connect(libpq(url)) as conn:
+        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def fresh_target(url: str, work: Path, schema: str) -> None:
+    sql(url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', f'CREATE SCHEMA "{schema}"')
+    cfg = work / f"{schema}.toml"
+    cfg.write_text(CONFIG.format(pg=url, queue=QUEUE, tz=TZ, src=SRC, tgt=schema))
+    subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
+
+
+def run_size(url: str, n: int, work: Path) -> dict[str, tuple[float, int, int]]:
+    from bridge.sources.nginn import queue_table
+    import sqlalchemy as sa
+
+    print(f"seeding {n:,} NGinn rows ...", flush=True)
+    sql(url, f'DROP SCHEMA IF EXISTS "{SRC}" CASCADE', f'CREATE SCHEMA "{SRC}"')
+    engine = sa.create_engine(url)
+    queue_table(QUEUE, SRC).create(engine)
+    engine.dispose()
+    sql(url, SEED, n=n)
+    sql(url, f'ANALYZE "{SRC}"."{QUEUE}"')
+    moved = n - n // 10  # processed rows are skipped by the mapping
+    results: dict[str, tuple[float, int, int]] = {}
+    py = sys.executable
+    for name, schema, cmd in (
+        ("c", REF, [py, str(Path(__file__).resolve()), "--reference", url]),
+        ("a", TGT, [py, "-m", "bridge.cli", "migrate", "-c", str(work / f"{TGT}.toml")]),
+        ("b", TGT, [py, "-m", "bridge.cli", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
+    ):
+        fresh_target(url, work, schema)
+        sql(url, "CHECKPOINT")
+        seconds, peak = timed(cmd, work)
+        got = sum(count(url, f'"{schema}"."{t}"') for t in ("Orders", "Orders.Delayed", "error"))
+        if got != moved:
+            sys.exit(f"({name}) moved {got} rows, expected {moved}")
+        results[name] = (seconds, peak, got)
+        print(f"  ({name}) {seconds:7.1f} s  {got / seconds:9,.0f} rows/s  peak RSS {peak / 2**20:6.0f} MiB", flush=True)
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
+    p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.reference:
+        reference(args.reference)
+        return
+    with tempfile.TemporaryDirectory(prefix="qbridge-bench-") as tmp:
+        work = Path(tmp)
+        (work / "mapping.toml").write_text(MAPPING)
+        table = {n: run_size(args.pg, n, work) for n in args.rows}
+    print()
+    print(f"{'N':>10} {'(a) spark':>12} {'(b) in-proc':>12} {'(c) COPY':>12} {'a/c':>6} {'b/c':>6} "
+          f"{'RSS a':>8} {'RSS b':>8} {'RSS c':>8}   (rows/s; RSS in MiB)")
+    for n, r in table.items():
+        rate = {k: r[k][2] / r[k][0] for k in r}
+        print(f"{n:>10,} {rate['a']:>12,.0f} {rate['b']:>12,.0f} {rate['c']:>12,.0f} {rate['a'] / rate['c']:>6.2f} "
+              f"{rate['b'] / rate['c']:>6.2f} {r['a'][1] / 2**20:>8.0f} {r['b'][1] / 2**20:>8.0f} {r['c'][1] / 2**20:>8.0f}")
+    if len(table) > 1:
+        small, large = min(table), max(table)
+        for k in "abc":
+            print(f"peak RSS ({k}) at {large:,} / at {small:,}: {table[large][k][1] / table[small][k][1]:.2f}")
+    sql(args.pg, f'DROP SCHEMA IF EXISTS "{SRC}" CASCADE', f'DROP SCHEMA IF EXISTS "{TGT}" CASCADE',
+        f'DROP SCHEMA IF EXISTS "{REF}" CASCADE')
+
+
+if __name__ == "__main__":
+    main()

@@ -205,7 +205,7 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
     subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
-def run_size(url: str, n: int, work: Path) -> dict[str, tuple[float, int, int]]:
+def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
     from bridge.sources.nginn import queue_table
     import sqlalchemy as sa
 
@@ -224,6 +224,8 @@ def run_size(url: str, n: int, work: Path) -> dict[str, tuple[float, int, int]]:
         ("a", TGT, [py, "-m", "bridge.cli", "migrate", "-c", str(work / f"{TGT}.toml")]),
         ("b", TGT, [py, "-m", "bridge.cli", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
     ):
+        if name not in engines:
+            continue
         fresh_target(url, work, schema)
         sql(url, "CHECKPOINT")
         seconds, peak = timed(cmd, work)
@@ -235,19 +237,7 @@ def run_size(url: str, n: int, work: Path) -> dict[str, tuple[float, int, int]]:
     return results
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
-    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
-    p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.reference:
-        reference(args.reference)
-        return
-    with tempfile.TemporaryDirectory(prefix="qbridge-bench-") as tmp:
-        work = Path(tmp)
-        (work / "mapping.toml").write_text(MAPPING)
-        table = {n: run_size(args.pg, n, work) for n in args.rows}
+def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
     print()
     print(f"{'N':>10} {'(a) spark':>12} {'(b) in-proc':>12} {'(c) COPY':>12} {'a/c':>6} {'b/c':>6} "
           f"{'RSS a':>8} {'RSS b':>8} {'RSS c':>8}   (rows/s; RSS in MiB)")
@@ -259,6 +249,25 @@ def main() -> None:
         small, large = min(table), max(table)
         for k in "abc":
             print(f"peak RSS ({k}) at {large:,} / at {small:,}: {table[large][k][1] / table[small][k][1]:.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
+    p.add_argument("--engines", default="abc", help="which of a, b, c to run (default all three)")
+    p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.reference:
+        reference(args.reference)
+        return
+    with tempfile.TemporaryDirectory(prefix="qbridge-bench-") as tmp:
+        work = Path(tmp)
+        (work / "mapping.toml").write_text(MAPPING)
+        table = {n: run_size(args.pg, n, work, args.engines) for n in args.rows}
+    print()
+    if set(args.engines) == set("abc"):
+        summary(table)
     sql(args.pg, f'DROP SCHEMA IF EXISTS "{SRC}" CASCADE', f'DROP SCHEMA IF EXISTS "{TGT}" CASCADE',
         f'DROP SCHEMA IF EXISTS "{REF}" CASCADE')
 

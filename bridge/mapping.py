@@ -117,13 +117,24 @@ class Mapping(BaseModel):
         return sorted(set(self.routes.values()))
 
     def dropped(self, header: str) -> bool:
-        memo: dict[str, bool] = self.__dict__.setdefault("_dropped_memo", {})
-        hit = memo.get(header)
-        if hit is None:
-            hit = self._drop_re is not None and self._drop_re.match(header) is not None
-            if len(memo) < 10_000:  # header names repeat; a flood of unique ones is not cached
-                memo[header] = hit
-        return hit
+        return self._drop_re is not None and self._drop_re.match(header) is not None
+
+    def header_target(self, header: str, translated: frozenset[str]) -> str | None:
+        """The name a legacy header travels under, or None when it is dropped or is one the
+        source translates into NServiceBus fields itself (a rename still applies to those)."""
+        memo: dict[tuple[str, frozenset[str]], str | None] = self.__dict__.setdefault("_target_memo", {})
+        key = (header, translated)
+        if key in memo:
+            return memo[key]
+        if self.dropped(header):
+            target = None
+        elif header in self.headers.rename:
+            target = self.headers.rename[header]
+        else:
+            target = None if header in translated else header
+        if len(memo) < 10_000:  # this runs per header per message; names repeat, floods are not kept
+            memo[key] = target
+        return target
 
     @property
     def _drop_re(self) -> re.Pattern[str] | None:

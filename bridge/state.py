@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy import exc as sa_exc
 
 from bridge.pipeline.gaps import Gap
@@ -88,7 +89,7 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    message_id: uuid.UUID
+    message_id: str
     source_key: str
     outcome: str
     target: str | None = None
@@ -97,7 +98,7 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class Quarantined:
-    message_id: uuid.UUID
+    message_id: str
     source_key: str
     reason: str
     raw: dict[str, Any]
@@ -185,13 +186,17 @@ class State:
             )
 
     # -- ledger ----------------------------------------------------------------------------
-    def known(self, conn: sa.Connection, ids: Sequence[uuid.UUID]) -> dict[str, str]:
+    def known(self, conn: sa.Connection, ids: Sequence[uuid.UUID | str]) -> dict[str, str]:
         """message id -> outcome, for those of `ids` already in the ledger."""
         if not ids:
             return {}
         l = self.ledger
         out: dict[str, str] = {}
         strs = [str(i) for i in ids]
+        if conn.dialect.name == "postgresql":
+            # One array parameter instead of 1000 placeholders the driver must parse per batch.
+            stmt = sa.select(l.c.message_id, l.c.outcome).where(l.c.message_id == sa.any_(sa.bindparam("ids", type_=ARRAY(sa.String))))
+            return {mid: outcome for mid, outcome in conn.execute(stmt, {"ids": strs})}
         for start in range(0, len(strs), 1000):
             chunk = strs[start:start + 1000]
             for mid, outcome in conn.execute(sa.select(l.c.message_id, l.c.outcome).where(l.c.message_id.in_(chunk))):

@@ -282,7 +282,7 @@ class JobRunner:
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
                  known: dict[str, str] | None = None
                  ) -> tuple[list[Outgoing], list[LedgerEntry], list[Quarantined], list[int]]:
-        ids = [self.message_id(source, r) for r in rows]
+        ids = [str(self.message_id(source, r)) for r in rows]
         if known is None:  # a scan source's pass has just looked these up
             known = self.state.known(tconn, ids)
         outs: list[Outgoing] = []
@@ -294,7 +294,7 @@ class JobRunner:
         oldest = None
         for row, mid in zip(rows, ids):
             key = str(row.key)
-            seen = known.get(str(mid))
+            seen = known.get(mid)
             if seen is not None:
                 stats.already += 1
                 if lock and row.consumable and seen != "quarantined":

@@ -201,6 +201,7 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
         with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
         with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
 
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per closed gateway connection
     spark = spark_session(master)
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
@@ -216,6 +217,7 @@ def _run(config: Config, runners: list[JobRunner], console: Console, sc: Any, un
          attempts: int) -> list[PassStats]:
     from bridge.pipeline.inprocess import backlog
 
+    planning = time.monotonic()
     cores = max(1, int(sc.defaultParallelism))
     plans: list[QueuePlan] = []
     units: list[WorkUnit] = []
@@ -227,11 +229,13 @@ def _run(config: Config, runners: list[JobRunner], console: Console, sc: Any, un
                                              f"job {runner.job.name} queue {queue}: planning", attempts=attempts)
             plans.append(plan)
             units.extend(queue_units)
-    log.info("planned %d units over %d queues (%d rows)", len(units), len(plans), sum(p.rows for p in plans))
+    log.info("planned %d units over %d queues (%d rows) in %.1fs", len(units), len(plans), sum(p.rows for p in plans),
+             time.monotonic() - planning)
 
     started = time.monotonic()
     results = _execute(config, sc, units, console) if units else []
     spark_seconds = time.monotonic() - started
+    log.info("Spark ran %d units in %.1fs", len(units), spark_seconds)
 
     by_queue: dict[tuple[str, str], list[tuple[PassStats, list[Gap]]]] = {}
     unit_of = {u.index: u for u in units}

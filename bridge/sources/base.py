@@ -75,13 +75,13 @@ class Source:
         """The canonical message of `row`, its id and coordinates filled in; a field that does not
         validate makes the row a BadRow, never a crash."""
         from bridge.errors import BadRow
-        from bridge.model import SourceRef, message_id_for
+        from bridge.model import message_id_for
 
         key = str(row.key)
         try:
             return CanonicalMessage(
                 message_id=message_id_for(self.system, self.database, self.queue, key),
-                source=SourceRef(system=self.system, database=self.database, queue=self.queue, key=key),
+                source={"system": self.system, "database": self.database, "queue": self.queue, "key": key},
                 **fields,
             )
         except ValueError as e:  # pydantic's ValidationError is a ValueError

@@ -56,8 +56,9 @@ def envelope(
             f"no route for queue {msg.source.queue!r}, destination {msg.destination!r} or type "
             f"{msg.enclosed_types[0] if msg.enclosed_types else '(none)'!r}; add one to [routes] (or a '*' route)"
         )
+    mid = str(msg.message_id)
     headers = _legacy_headers(msg, mapping, translated)
-    headers.update(_derived(msg, types))
+    headers.update(_derived(msg, types, mid))
     if msg.reply_to:
         # Only an exact route translates a reply queue; '*' says where unknown messages go,
         # not where their senders listen, so an unrouted reply queue keeps its own name.
@@ -87,7 +88,7 @@ def envelope(
     headers.update(part_headers(msg))
     values = {
         "system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
-        "key": msg.source.key, "message_id": str(msg.message_id), "destination": routed,
+        "key": msg.source.key, "message_id": mid, "destination": routed,
         "state": msg.state, "type": types[0] if types else "",
     }
     for name, template in mapping.headers.set.items():
@@ -107,19 +108,14 @@ def part_headers(msg: CanonicalMessage) -> dict[str, str]:
 
 def _legacy_headers(msg: CanonicalMessage, mapping: Mapping, translated: frozenset[str]) -> dict[str, str]:
     out: dict[str, str] = {}
-    rename = mapping.headers.rename
     for name, value in msg.headers.items():
-        if mapping.dropped(name):
-            continue
-        if name in rename:
-            out[rename[name]] = value
-        elif name not in translated:
-            out[name] = value
+        target = mapping.header_target(name, translated)
+        if target is not None:
+            out[target] = value
     return out
 
 
-def _derived(msg: CanonicalMessage, types: list[str]) -> dict[str, str]:
-    mid = str(msg.message_id)
+def _derived(msg: CanonicalMessage, types: list[str], mid: str) -> dict[str, str]:
     h = {
         "NServiceBus.MessageId": mid,
         "NServiceBus.MessageIntent": msg.intent,

@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     s = cmd("sync", "one incremental pass over every queue of the job(s)")
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
     s.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
+    cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
     v = cmd("verify", "reconcile source rows with delivered / skipped / quarantined; exit 1 if they do not balance")
     v.add_argument("--json", action="store_true", help="one JSON document on stdout")
     st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
@@ -62,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     level = args.log_level
-    if args.command in ("sync", "migrate") and level == "WARNING":
+    if args.command in ("sync", "migrate", "run") and level == "WARNING":
         level = "INFO"
     logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -123,6 +124,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         master = "local[*]"
     _summary(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows, attempts=args.retries))
     return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bridge.scheduler import run_until_stopped
+
+    _, runners = _runners(args)
+    return run_until_stopped(runners)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

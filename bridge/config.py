@@ -81,7 +81,15 @@ class Schedule(BaseModel):
         if (self.every is None) == (self.cron is None):
             raise ValueError("give exactly one of 'every' (e.g. \"5s\") or 'cron' (e.g. \"*/5 * * * *\")")
         if self.every is not None:
-            parse_duration(self.every)
+            if parse_duration(self.every) <= 0:
+                raise ValueError(f"every = {self.every!r} must be longer than 0")
+        if self.cron is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(self.cron)
+            except ValueError as e:
+                raise ValueError(f"cron = {self.cron!r} is not a crontab expression (minute hour day month weekday): {e}") from None
         return self
 
 

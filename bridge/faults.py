@@ -1,7 +1,7 @@
 """Named points where a test can freeze a real qbridge process, to kill it there.
 
 `QBRIDGE_FAULT_PAUSE=<point>[:<n>]` makes the process, at the n-th time (default 1st) it reaches
-`<point>`, write `QBRIDGE_FAULT_FILE` and sleep until killed. `QBRIDGE_FAULT_FAIL=<point>` raises
+`<point>`, write `QBRIDGE_FAULT_FILE` and sleep until killed (or for `QBRIDGE_FAULT_PAUSE_SECONDS`). `QBRIDGE_FAULT_FAIL=<point>` raises
 there instead, on the first attempt of a Spark task (never outside Spark). Unset, `reached`
 costs two dict lookups.
 """
@@ -39,5 +39,9 @@ def reached(point: str) -> None:
     marker = os.environ.get("QBRIDGE_FAULT_FILE")
     if marker:
         Path(marker).write_text(f"{os.getpid()} {point}\n")
+    limit = os.environ.get("QBRIDGE_FAULT_PAUSE_SECONDS")
+    if limit:  # a pause that ends: for signals sent while work is in flight
+        time.sleep(float(limit))
+        return
     while True:
         time.sleep(3600)

@@ -49,7 +49,7 @@ def pg_server() -> str:
 def _scratch(server: str, create: str, drop: str) -> Iterator[str]:
     """A uniquely named schema or database on `server`, dropped afterwards."""
     name = f"qb_{uuid.uuid4().hex[:10]}"
-    engine = sa.create_engine(server)
+    engine = sa.create_engine(server, pool_pre_ping=True)  # the soak test restarts the server
     with engine.begin() as conn:
         conn.execute(sa.text(create.format(name)))
     try:

@@ -46,10 +46,11 @@ class Bridge:
     window: str = "15m"
     mapping: str = MAPPING
     system: str = "nginn"
+    schedule: str | None = None  # e.g. 'every = "1s"'
 
     def __post_init__(self) -> None:
-        self.source = sa.create_engine(self.source_url)
-        self.target = sa.create_engine(self.target_url)
+        self.source = sa.create_engine(self.source_url, pool_pre_ping=True)
+        self.target = sa.create_engine(self.target_url, pool_pre_ping=True)
         if self.system == "nginn":
             self.tables = {q: create_nginn_queue(self.source, q, self.source_schema) for q in self.queues}
         self.write_config()
@@ -73,7 +74,7 @@ mapping  = "mapping.toml"
 mode     = "{self.mode}"
 batch_size = {self.batch_size}
 late_commit_window = "{self.window}"
-""")
+""" + (f"schedule = {{ {self.schedule} }}\n" if self.schedule else ""))
 
     # -- legacy side -----------------------------------------------------------------------
     def now_local(self) -> datetime:

@@ -1,0 +1,178 @@
+"""`qbridge run`: every job of a config on its schedule, for weeks, until SIGTERM/SIGINT.
+
+APScheduler fires each job's trigger; a tick drains every queue of the job through the same
+pass as `sync --once`. One instance per job at a time (max_instances=1), missed runs coalesced,
+and a session lock in the target database (joblock.py) so that a second `qbridge run` on the
+same config stands by and takes a job over when the first one dies.
+
+A retryable failure (database down, deadlock, lock timeout) backs the job off, one log line per
+attempt; a job whose tables or mapping are wrong stops with its reason; other jobs run on.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from bridge.config import JobConfig
+from bridge.db import is_retryable
+from bridge.errors import BridgeError
+from bridge.joblock import JobLock
+from bridge.pipeline.loop import JobRunner, PassStats
+from bridge.timefmt import parse_duration
+
+log = logging.getLogger("qbridge.run")
+
+DEFAULT_EVERY = "10s"  # a job without a schedule in `qbridge run`
+MAX_BACKOFF = 60.0
+
+
+def trigger_for(job: JobConfig) -> BaseTrigger:
+    schedule = job.schedule
+    if schedule is not None and schedule.cron is not None:
+        return CronTrigger.from_crontab(schedule.cron, timezone=UTC)
+    every = schedule.every if schedule is not None and schedule.every else DEFAULT_EVERY
+    return IntervalTrigger(seconds=parse_duration(every), timezone=UTC)
+
+
+class JobWorker:
+    """One job inside `qbridge run`: its lock, its back-off, whether it has stopped for good."""
+
+    def __init__(self, runner: JobRunner, stopping: threading.Event, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner = runner
+        self.name = runner.job.name
+        self.stopping = stopping
+        self.lock = JobLock(runner.target_engine, self.name)
+        self.clock = clock
+        self.failures = 0
+        self.retry_at = 0.0
+        self.checked = False
+        self.standing_by = False
+        self.stopped_reason: str | None = None
+
+    def tick(self) -> None:
+        """One scheduled run: take the lock, drain every queue. Never raises."""
+        if self.stopped_reason or self.stopping.is_set() or self.clock() < self.retry_at:
+            return
+        try:
+            if not self.lock.ensure():
+                if not self.standing_by:
+                    log.info("job=%s another qbridge run holds this job; standing by to take over", self.name)
+                    self.standing_by = True
+                return
+            if self.standing_by:
+                log.info("job=%s lock taken over; running", self.name)
+                self.standing_by = False
+            self._run()
+            if self.failures:
+                log.info("job=%s recovered after %d failed attempt(s)", self.name, self.failures)
+            self.failures = 0
+        except Exception as e:  # a job's failure must never take the scheduler down
+            self._failed(e)
+
+    def _run(self) -> None:
+        runner = self.runner
+        if not self.checked:
+            runner.check()
+            runner.sync_subscriptions()
+            self.checked = True
+        for queue in runner.sources:
+            if self.stopping.is_set():
+                return
+            runner.drain(queue, should_stop=self.stopping.is_set)
+
+    def _failed(self, e: Exception) -> None:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+        reason_line = reason[0] if reason else type(e).__name__
+        if is_retryable(e):
+            self.failures += 1
+            delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
+            self.retry_at = self.clock() + delay
+            log.warning("job=%s attempt %d failed (%s); retrying in %.0fs", self.name, self.failures, reason_line, delay)
+            if self.lock.held:
+                try:
+                    self.lock.ensure()  # drops a lock whose connection died with the database
+                except Exception:
+                    self.lock.release()
+        elif isinstance(e, BridgeError):
+            self.stopped_reason = reason_line
+            log.error("job=%s stopped: %s (the other jobs keep running; fix it and restart qbridge run)", self.name, "\n".join(reason))
+            self.lock.release()
+        else:
+            self.failures += 1
+            delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
+            self.retry_at = self.clock() + delay
+            log.exception("job=%s unexpected %s; retrying in %.0fs", self.name, type(e).__name__, delay)
+
+
+class Scheduler:
+    """The jobs of one config under one APScheduler."""
+
+    def __init__(self, runners: list[JobRunner]) -> None:
+        self.stopping = threading.Event()
+        self.workers = [JobWorker(r, self.stopping) for r in runners]
+        self.scheduler = BackgroundScheduler(timezone=UTC, job_defaults={
+            "max_instances": 1,  # never two runs of one job in this process
+            "coalesce": True,  # runs missed while one was busy collapse into one
+            "misfire_grace_time": None,
+        })
+
+    def start(self) -> None:
+        now = datetime.now(UTC)
+        for w in self.workers:
+            self.scheduler.add_job(w.tick, trigger_for(w.runner.job), id=w.name, name=w.name, next_run_time=now)
+        self.scheduler.start()
+        for w in self.workers:
+            log.info("job=%s scheduled (%s)", w.name, _describe(w.runner.job))
+
+    def stop(self) -> None:
+        """Lets running ticks finish the batch in flight and commit, then releases the locks."""
+        self.stopping.set()
+        self.scheduler.shutdown(wait=True)
+        for w in self.workers:
+            w.lock.release()
+
+    def all_stopped(self) -> bool:
+        return all(w.stopped_reason for w in self.workers)
+
+
+def _describe(job: JobConfig) -> str:
+    if job.schedule and job.schedule.cron:
+        return f"cron {job.schedule.cron} UTC"
+    return f"every {job.schedule.every if job.schedule and job.schedule.every else DEFAULT_EVERY}"
+
+
+def run_until_stopped(runners: list[JobRunner]) -> int:
+    """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error."""
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # qbridge logs its own line per batch
+    scheduler = Scheduler(runners)
+    wake = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("%s received: finishing the batches in flight", signal.Signals(signum).name)
+        wake.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        scheduler.start()
+        while not wake.wait(1.0):
+            if scheduler.all_stopped():
+                log.error("every job has stopped on an error; exiting")
+                scheduler.stop()
+                return 1
+        scheduler.stop()
+        log.info("stopped cleanly")
+        return 0
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

@@ -1,0 +1,173 @@
+"""Sync lag under steady load: `qbridge run` with `every = "1s"` while writers insert into NGinn.
+
+    python3 bench/lag.py                       # 500 messages/s for 60 s
+    python3 bench/lag.py --rate 1000 --seconds 30
+
+A writer thread inserts into an NGinn queue table on the local PostgreSQL in small transactions
+and records, per message, when its transaction committed. An observer polls the NServiceBus
+table every 20 ms and records when each message became visible there. Prints p50/p99/max of
+(arrival - legacy commit), the rate the writers held, and checks that every message arrived
+exactly once. Goal: p99 under 2 s with nothing lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+import sqlalchemy as sa
+
+PG = "postgresql+psycopg://127.0.0.1/test"
+SRC, TGT = "qlag_src", "qlag_tgt"
+QUEUE = "MQueue1"
+
+MAPPING = """\
+[routes]
+"*" = "Orders"
+
+[states]
+ready = "queue"
+delayed = "delayed"
+failed = "error"
+processed = "skip"
+"""
+
+CONFIG = """\
+[connections]
+legacy = "{pg}"
+nsb    = "{pg}"
+
+[[jobs]]
+name       = "lag"
+source     = {{ system = "nginn", connection = "legacy", queues = ["{queue}"], timezone = "UTC", database = "LegacyDb", schema = "{src}" }}
+target     = {{ connection = "nsb", flavor = "postgresql", schema = "{tgt}" }}
+mapping    = "mapping.toml"
+batch_size = 2000
+schedule   = {{ every = "1s" }}
+"""
+
+
+def libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def writer(url: str, rate: int, seconds: float, committed: dict[int, float], done: threading.Event) -> None:
+    """`rate` rows a second, in transactions of rate/20 rows every 50 ms, for `seconds`."""
+    per_tx = max(1, rate // 20)
+    body = '{"$type":"Shop.Messages.OrderPlaced, Shop.Messages","OrderId":1,"Note":"' + "x" * 400 + '"}'
+    sql = (f'INSERT INTO "{SRC}"."{QUEUE}" (from_endpoint, to_endpoint, subqueue, insert_time, retry_count, retry_time, '
+           f"msg_text, msg_headers) SELECT 'sql://db/Sender', 'sql://db/{QUEUE}', 'I', %s, 0, %s, %s, 'Tenant=acme' "
+           f"FROM generate_series(1, %s) RETURNING id")
+    with psycopg.connect(libpq(url), autocommit=False) as conn:
+        start = time.monotonic()
+        tick = 0
+        while time.monotonic() - start < seconds:
+            now = datetime.utcnow()
+            ids = [r[0] for r in conn.execute(sql, (now, now, body, per_tx)).fetchall()]
+            conn.commit()
+            at = time.time()
+            for i in ids:
+                committed[i] = at
+            tick += 1
+            pause = start + tick * 0.05 - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+    done.set()
+
+
+def observer(url: str, arrived: dict[int, float], duplicates: list[int], stop: threading.Event) -> None:
+    """Polls the NServiceBus table by its `seq` and notes when each message became visible."""
+    last = 0
+    sql = (f'SELECT seq, (headers::json->>\'NGinn.BusMessageId\')::bigint FROM "{TGT}"."Orders" '
+           f"WHERE seq > %s ORDER BY seq")
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        while not stop.is_set():
+            rows = conn.execute(sql, (last,)).fetchall()
+            at = time.time()
+            for seq, key in rows:
+                if key in arrived:
+                    duplicates.append(key)
+                arrived[key] = at
+                last = seq
+            time.sleep(0.02)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=int, default=500, help="messages per second (default 500)")
+    p.add_argument("--seconds", type=float, default=60, help="how long the writers write (default 60)")
+    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
+    args = p.parse_args()
+
+    from bridge.sources.nginn import queue_table
+
+    with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
+        for schema in (SRC, TGT):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            conn.execute(f'CREATE SCHEMA "{schema}"')
+    engine = sa.create_engine(args.pg)
+    queue_table(QUEUE, SRC).create(engine)
+    engine.dispose()
+    with tempfile.TemporaryDirectory(prefix="qbridge-lag-") as tmp:
+        work = Path(tmp)
+        (work / "mapping.toml").write_text(MAPPING)
+        cfg = work / "lag.toml"
+        cfg.write_text(CONFIG.format(pg=args.pg, queue=QUEUE, src=SRC, tgt=TGT))
+        subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], check=True, stdout=subprocess.DEVNULL)
+        log = open(work / "run.log", "wb")
+        run = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "-c", str(cfg)], stderr=log)
+        committed: dict[int, float] = {}
+        arrived: dict[int, float] = {}
+        duplicates: list[int] = []
+        wrote, stop = threading.Event(), threading.Event()
+        watch = threading.Thread(target=observer, args=(args.pg, arrived, duplicates, stop), daemon=True)
+        watch.start()
+        time.sleep(2)  # the scheduler's first (empty) pass and table checks
+        print(f"writing {args.rate} messages/s for {args.seconds:.0f} s ...", flush=True)
+        started = time.monotonic()
+        write = threading.Thread(target=writer, args=(args.pg, args.rate, args.seconds, committed, wrote))
+        write.start()
+        write.join()
+        held = len(committed) / (time.monotonic() - started)
+        deadline = time.monotonic() + 30
+        while len(arrived) < len(committed) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stop.set()
+        watch.join()
+        run.send_signal(signal.SIGTERM)
+        code = run.wait(60)
+        log.close()
+        if code != 0:
+            print((work / "run.log").read_text()[-3000:])
+
+    lags = [arrived[k] - t for k, t in committed.items() if k in arrived]
+    lost = len(committed) - len(lags)
+    print(f"messages written {len(committed):,}; arrived {len(lags):,}; lost {lost}; doubled {len(duplicates)}; "
+          f"qbridge run exit {code}")
+    print(f"writers held {held:,.0f} messages/s (asked {args.rate})")
+    if lags:
+        print(f"lag from legacy commit to NServiceBus table: p50 {statistics.median(lags):.3f} s  "
+              f"p99 {percentile(lags, 99):.3f} s  max {max(lags):.3f} s")
+        print(f"goal p99 < 2 s with nothing lost: {'met' if percentile(lags, 99) < 2 and not lost and not duplicates else 'NOT met'}")
+    with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
+        for schema in (SRC, TGT):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+if __name__ == "__main__":
+    main()

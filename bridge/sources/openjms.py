@@ -36,8 +36,12 @@ CONTENT_TYPES = {
 }
 
 
-def epoch_ms(value: int) -> datetime:
-    return datetime.fromtimestamp(value / 1000, UTC)
+def epoch_ms(value: int, what: str = "timestamp") -> datetime:
+    """Java's milliseconds since 1970 as UTC; a value no calendar holds makes the row a BadRow."""
+    try:
+        return datetime.fromtimestamp(value / 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        raise BadRow(f"{what} {value} ms since 1970 is outside the years 1-9999") from None
 
 
 def property_text(prop: dict[str, Any]) -> str:
@@ -179,7 +183,7 @@ class OpenJMSSource(ScanSource):
         topic = not is_queue(row.values["isqueue"])
         destination = consumer if (topic and consumer) else self.queue
         expiration = h["JMSExpiration"] or 0
-        expires = epoch_ms(expiration) if expiration > 0 else None  # <= 0: never (overflowed TTLs are negative)
+        expires = epoch_ms(expiration, "JMSExpiration") if expiration > 0 else None  # <= 0: never (overflowed TTLs are negative)
         state = "expired" if expires is not None and expires <= utcnow() else "ready"
         jms_type = h["JMSType"]
         # OpenJMS stamps the message kind as JMSType by default; only an application's own type names one.
@@ -213,7 +217,7 @@ class OpenJMSSource(ScanSource):
             correlation_id=h["JMSCorrelationID"] or None,
             enclosed_types=types,
             content_type=content_type,
-            time_sent=epoch_ms(h["JMSTimestamp"] or row.values.get("createtime") or 0),
+            time_sent=epoch_ms(h["JMSTimestamp"] or row.values.get("createtime") or 0, "JMSTimestamp"),
             expires=expires,
             priority=h["JMSPriority"],
             headers=headers,

@@ -21,3 +21,18 @@ def check_name(name: object, what: str) -> str:
     if not _ALLOWED.match(name):
         raise ValueError(f"{what} {name!r} contains a quote, bracket, semicolon, backslash or control character")
     return name
+
+
+# What each database keeps of an identifier. PostgreSQL silently truncates longer ones, so two
+# long queue names could land in one table: refuse them instead.
+_LIMITS = {"postgresql": ("bytes", 63), "mysql": ("characters", 64), "mariadb": ("characters", 64),
+           "mssql": ("characters", 128)}
+
+
+def check_fits(name: str, backend: str, what: str) -> str:
+    """Returns `name` if `backend` keeps it whole as an identifier; ValueError saying why not."""
+    unit, limit = _LIMITS.get(backend, ("characters", 0))
+    size = len(name.encode("utf-8")) if unit == "bytes" else len(name)
+    if limit and size > limit:
+        raise ValueError(f"{what} {name!r} is {size} {unit} long; {backend} identifiers hold at most {limit}")
+    return name

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
+from bridge.identifiers import check_fits
 from bridge.model import CanonicalMessage, Failure
 from bridge.sources import nginn_codec as codec
 from bridge.sources.base import Source, SourceRow, Subscription
@@ -71,6 +72,10 @@ class NGinnSource(Source):
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)
+        try:
+            check_fits(queue, engine.dialect.name, "NGinn queue table")
+        except ValueError as e:
+            raise SourceSchemaError(str(e)) from None
         self.table = queue_table(self.queue, self.job.source.schema_)
         self.tz = zone(self.job.source.timezone or "UTC")
 

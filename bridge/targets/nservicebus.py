@@ -59,10 +59,20 @@ class TargetTables:
     def table_schema(self) -> str | None:
         return None if self.backend == "sqlite" else self.schema
 
+    def _fits(self, name: str) -> None:
+        from bridge.errors import TargetSchemaError
+        from bridge.identifiers import check_fits
+
+        try:
+            check_fits(name, self.backend, "target table")
+        except ValueError as e:
+            raise TargetSchemaError(f"{e}; route to a shorter queue name") from None
+
     def queue(self, name: str) -> sa.Table:
         found = self._get(name)
         if found is not None:
             return found
+        self._fits(name)
         return self._pg_queue(name) if self.flavor == "postgresql" else self._mssql_queue(name)
 
     def delayed(self, queue: str) -> sa.Table:
@@ -70,6 +80,7 @@ class TargetTables:
         found = self._get(name)
         if found is not None:
             return found
+        self._fits(name)
         return self._pg_delayed(name) if self.flavor == "postgresql" else self._mssql_delayed(name)
 
     def subscriptions(self) -> sa.Table:
@@ -180,9 +191,13 @@ class TargetTables:
             return "@".join(parts)
         # A bare table name is a valid PostgreSQL-transport address resolved in the default
         # schema; other schemas use the documented quoted form (docs: transports/postgresql/addressing).
-        if self.schema == "public":
+        if self.schema == "public" and '"' not in queue and "." not in queue:
             return queue
-        return f'"{queue}"."{self.schema}"'
+
+        def quoted(part: str) -> str:  # SQL's own rule inside a quoted identifier (inferred for the parser)
+            return '"' + part.replace('"', '""') + '"'
+
+        return f"{quoted(queue)}.{quoted(self.schema)}"
 
 
 def create_statements(tables: list[sa.Table], dialect: sa.Dialect) -> list[str]:

@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
     v = cmd("verify", "reconcile source rows with delivered / skipped / quarantined; exit 1 if they do not balance")
     v.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    v.add_argument("--deep", action="store_true", help="also compare a content hash of every delivered message still in the target with its source row")
     st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
     st.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ins = cmd("inspect", "decode legacy blobs saved to files and print what qbridge reads from them", config=False, job=False)
@@ -137,7 +138,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from bridge.reconcile import verify
 
     _, runners = _runners(args)
-    books = [verify(r) for r in runners]
+    books = [verify(r, deep=args.deep) for r in runners]
     if args.json:
         sys.stdout.write(orjson.dumps({"balanced": all(b.balanced for b in books), "jobs": [b.to_json() for b in books]}).decode() + "\n")
     else:
@@ -153,6 +154,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for q in b.queues:
                 if q.missing_keys:
                     out.print(f"job {b.job} queue {q.queue}: missing source keys {', '.join(q.missing_keys)}", markup=False)
+                for rule, n in sorted(q.skipped_by_rule.items()):
+                    out.print(f"job {b.job} queue {q.queue}: skipped {n} by rule: {rule}", markup=False)
+                if q.deep is not None:
+                    d = q.deep
+                    out.print(f"job {b.job} queue {q.queue}: deep check compared {d['compared']} delivered messages with "
+                              f"their source rows: {d['matched']} match, {d['mismatched']} differ; {d['consumed']} already "
+                              f"consumed from the target", markup=False)
+                    if d["mismatched_keys"]:
+                        out.print(f"  differing source keys: {', '.join(d['mismatched_keys'])}", markup=False)
             for s in b.unroutable_subscriptions:
                 out.print(f"job {b.job}: subscription not migrated: {s['endpoint']} -> {s['topic']} ({s['reason']})", markup=False)
     return 0 if all(b.balanced for b in books) else 1

@@ -24,10 +24,12 @@ class QueueBooks:
     backlog: int = 0
     source_gone: int = 0  # in the ledger, no longer in the source (legacy cleanup)
     missing_keys: list[str] = field(default_factory=list)
+    skipped_by_rule: dict[str, int] = field(default_factory=dict)
+    deep: dict[str, Any] | None = None  # `verify --deep`: content compared with the source
 
     @property
     def balanced(self) -> bool:
-        return self.missing == 0
+        return self.missing == 0 and not (self.deep and self.deep["mismatched"])
 
 
 @dataclass
@@ -49,7 +51,23 @@ class JobBooks:
         }
 
 
-def verify(runner: JobRunner) -> JobBooks:
+def verify(runner: JobRunner, deep: bool = False) -> JobBooks:
+    books = _books(runner)
+    rules = runner.state.skip_reasons
+    with runner.target_engine.connect() as tconn:
+        by_rule = rules(tconn, runner.job.name)
+    for b in books.queues:
+        b.skipped_by_rule = by_rule.get(b.queue, {})
+    if deep:
+        from bridge.deep import deep_compare
+
+        compared = deep_compare(runner)
+        for b in books.queues:
+            b.deep = asdict(compared[b.queue])
+    return books
+
+
+def _books(runner: JobRunner) -> JobBooks:
     books = []
     job = runner.job.name
     with runner.target_engine.connect() as tconn, runner.source_engine.connect() as sconn:

@@ -228,6 +228,16 @@ class State:
             out.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[outcome] = int(n)
         return out
 
+    def skip_reasons(self, conn: sa.Connection, job: str) -> dict[str, dict[str, int]]:
+        """queue -> the mapping rule that skipped messages -> how many."""
+        l = self.ledger
+        stmt = (sa.select(l.c.queue, l.c.reason, sa.func.count()).where(l.c.job == job, l.c.outcome == "skipped")
+                .group_by(l.c.queue, l.c.reason))
+        out: dict[str, dict[str, int]] = {}
+        for queue, reason, n in conn.execute(stmt):
+            out.setdefault(queue, {})[reason or "(no reason recorded)"] = int(n)
+        return out
+
     def ledger_keys(self, conn: sa.Connection, job: str, queue: str) -> Iterable[tuple[str, str]]:
         l = self.ledger
         stmt = sa.select(l.c.source_key, l.c.outcome).where(l.c.job == job, l.c.queue == queue)

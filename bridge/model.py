@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime as PydanticAwareDatetime
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 State = Literal["ready", "delayed", "failed", "processed", "expired"]
 Intent = Literal["Send", "Publish", "Reply"]
@@ -17,13 +17,8 @@ Intent = Literal["Send", "Publish", "Reply"]
 MESSAGE_ID_NAMESPACE = uuid.UUID("4f1c2a7e-9b3d-5c8e-a1f0-6d2b7e9c3a51")
 
 
-def _aware(value: datetime) -> datetime:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError("timestamp has no time zone; convert legacy local times to UTC first")
-    return value
-
-
-AwareDatetime = Annotated[datetime, AfterValidator(_aware)]
+# Checked by pydantic-core itself (no Python call per field): a naive timestamp is an error.
+AwareDatetime = PydanticAwareDatetime
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 

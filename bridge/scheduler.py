@@ -28,7 +28,7 @@ from bridge.config import JobConfig
 from bridge.db import is_retryable
 from bridge.errors import BridgeError
 from bridge.joblock import JobLock
-from bridge.pipeline.loop import JobRunner, PassStats
+from bridge.pipeline.loop import JobRunner
 from bridge.timefmt import parse_duration
 
 log = logging.getLogger("qbridge.run")

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
@@ -87,8 +87,7 @@ class Checkpoint:
     lag_seconds: float | None = None
 
 
-@dataclass(frozen=True)
-class LedgerEntry:
+class LedgerEntry(NamedTuple):  # one per message: a NamedTuple is the cheapest immutable record
     message_id: str
     source_key: str
     outcome: str

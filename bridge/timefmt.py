@@ -34,8 +34,8 @@ def to_wire(value: datetime) -> str:
     """`yyyy-MM-dd HH:mm:ss:ffffff Z`, the format NServiceBus and ServiceControl parse strictly."""
     if value.tzinfo is None:
         raise ValueError("a wire timestamp needs a time zone")
-    v = value.astimezone(UTC)
-    return f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}:{v.microsecond:06d} Z"
+    text = value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    return f"{text[:19]}:{text[20:]} Z"
 
 
 def from_wire(text: str) -> datetime:

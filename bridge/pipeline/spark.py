@@ -71,7 +71,7 @@ def unit_size(backlog: int, batch_size: int, cores: int) -> int:
 
 
 def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tuple[QueuePlan, list[WorkUnit]]:
-    """Streams the queue's keys once (never its rows) and cuts them every `size` keys."""
+    """Cuts the queue's keys every `size` keys (the database numbers them; no rows are read)."""
     source = runner.sources[queue]
     job = runner.job.name
     with runner.target_engine.connect() as tconn:
@@ -83,16 +83,19 @@ def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tu
             for keys in _new_keys(runner, sconn, queue, size):
                 units.append(WorkUnit(first_index + len(units), job, queue, len(keys), keys=tuple(keys)))
         else:
-            after, count, last = cp.high, 0, None
-            for key in source.keys_after(sconn, cp.high):
-                count += 1
-                last = key
-                if count == size:
-                    units.append(WorkUnit(first_index + len(units), job, queue, count, after=after, upto=key))
-                    after, count = key, 0
-            if count:
-                units.append(WorkUnit(first_index + len(units), job, queue, count, after=after, upto=last))
-            if last is not None:
+            # The last key first: rows inserted while the boundaries are read land beyond it and
+            # are left to the closing pass.
+            last = source.max_key(sconn)
+            if last is not None and (cp.high is None or last > cp.high):
+                after = cp.high
+                for key in source.key_boundaries(sconn, cp.high, size):
+                    if key > last:
+                        break
+                    units.append(WorkUnit(first_index + len(units), job, queue, size, after=after, upto=key))
+                    after = key
+                if after is None or after < last:
+                    rest = source.count_after(sconn, after) if after is not None else size
+                    units.append(WorkUnit(first_index + len(units), job, queue, rest, after=after, upto=last))
                 plan.high = last
     plan.units = len(units)
     plan.rows = sum(u.rows for u in units)

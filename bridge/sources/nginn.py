@@ -142,6 +142,16 @@ class NGinnSource(Source):
     def keys_after(self, conn: sa.Connection, after: int | None) -> Iterator[int]:
         return self._stream_keys(conn, sa.true() if after is None else self.table.c.id > after)
 
+    def key_boundaries(self, conn: sa.Connection, after: int | None, every: int) -> list[int]:
+        # The database numbers the rows itself: only the boundaries cross the wire.
+        t = self.table
+        numbered = sa.select(t.c.id, sa.func.row_number().over(order_by=t.c.id).label("rn"))
+        if after is not None:
+            numbered = numbered.where(t.c.id > after)
+        sub = numbered.subquery()
+        stmt = sa.select(sub.c.id).where(sub.c.rn % every == 0).order_by(sub.c.id)
+        return [int(k) for k in conn.execute(stmt).scalars()]
+
     def _stream_keys(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> Iterator[int]:
         stmt = sa.select(self.table.c.id).where(where).order_by(self.table.c.id)
         for (key,) in conn.execution_options(stream_results=True, yield_per=10_000).execute(stmt):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import orjson
 
@@ -19,8 +19,7 @@ from bridge.timefmt import timespan, to_wire, utcnow
 MESSAGE_MAX = 16384  # NServiceBus truncates ExceptionInfo.Message to this many characters
 
 
-@dataclass(frozen=True)
-class Outgoing:
+class Outgoing(NamedTuple):
     """One row for a transport table: `queue` names the queue (its .Delayed table for `delayed`)."""
 
     kind: Literal["queue", "delayed"]
@@ -107,12 +106,16 @@ def part_headers(msg: CanonicalMessage) -> dict[str, str]:
 
 
 def _legacy_headers(msg: CanonicalMessage, mapping: Mapping, translated: frozenset[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name, value in msg.headers.items():
-        target = mapping.header_target(name, translated)
-        if target is not None:
-            out[target] = value
-    return out
+    headers = msg.headers
+    # Messages of one queue mostly carry the same header names: one plan per name set.
+    plans: dict[tuple[tuple[str, ...], frozenset[str]], list[tuple[str, str]]] = mapping.__dict__.setdefault("_header_plans", {})
+    key = (tuple(headers), translated)
+    plan = plans.get(key)
+    if plan is None:
+        plan = [(name, target) for name in headers if (target := mapping.header_target(name, translated)) is not None]
+        if len(plans) < 1000:
+            plans[key] = plan
+    return {target: headers[name] for name, target in plan}
 
 
 def _derived(msg: CanonicalMessage, types: list[str], mid: str) -> dict[str, str]:

@@ -147,22 +147,16 @@ class RssSampler(threading.Thread):
     def _python_tree(self) -> list[tuple[int, int]]:
         parents: dict[int, int] = {}
         names: dict[int, str] = {}
-        rss: dict[int, int] = {}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
-                status = Path(f"/proc/{entry}/status").read_text()
             except OSError:
                 continue
             pid = int(entry)
-            rest = stat.rsplit(")", 1)[1].split()
-            parents[pid] = int(rest[1])
+            parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
             names[pid] = stat[stat.index("(") + 1: stat.rindex(")")]
-            for line in status.splitlines():
-                if line.startswith("VmRSS:"):
-                    rss[pid] = int(line.split()[1]) * 1024
         tree, frontier = {self.root}, [self.root]
         while frontier:
             p = frontier.pop()
@@ -170,7 +164,14 @@ class RssSampler(threading.Thread):
                 if parent == p and child not in tree:
                     tree.add(child)
                     frontier.append(child)
-        return [(p, rss.get(p, 0)) for p in tree if names.get(p, "").startswith("python")]
+        out = []
+        for p in tree:
+            if names.get(p, "").startswith("python"):
+                try:  # resident pages from statm: one small read per Python process
+                    out.append((p, int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")))
+                except OSError:
+                    pass
+        return out
 
 
 def timed(cmd: list[str], cwd: Path) -> tuple[float, int]:

@@ -199,29 +199,55 @@ def spark_session(master: str | None, app: str = "qbridge migrate") -> Any:
 def run_spark(config: Config, runners: list[JobRunner], console: Console, master: str | None,
               unit_rows: int | None = None, attempts: int = 5) -> list[PassStats]:
     """Plans every queue of every job, runs the units on Spark, then finishes each queue."""
-    for runner in runners:
-        name = runner.job.name
-        with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
-        with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
-
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per closed gateway connection
-    spark = spark_session(master)
+    # The JVM takes seconds to start: let it while the tables are checked and the units planned.
+    starting: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            starting["spark"] = spark_session(master)
+        except BaseException as e:
+            starting["error"] = e
+
+    launcher = threading.Thread(target=start, name="qbridge-spark-start", daemon=True)
+    launcher.start()
+    try:
+        for runner in runners:
+            name = runner.job.name
+            with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
+            with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
+        cores = _local_cores(master)
+        if cores is not None:
+            plans, units = _plan(runners, unit_rows, attempts, cores)
+    finally:
+        launcher.join()
+    if "error" in starting:
+        raise starting["error"]
+    spark = starting["spark"]
     sc = spark.sparkContext
+    if cores is None:  # a cluster: plan for the task slots it has
+        plans, units = _plan(runners, unit_rows, attempts, max(1, int(sc.defaultParallelism)))
     sc.setLogLevel("ERROR")
     if sc.uiWebUrl:
         console.print(f"Spark UI: {sc.uiWebUrl}  (master {sc.master})", markup=False, highlight=False)
     try:
-        return _run(config, runners, console, sc, unit_rows, attempts)
+        return _run(config, plans, units, console, sc, attempts)
     finally:
         spark.stop()
 
 
-def _run(config: Config, runners: list[JobRunner], console: Console, sc: Any, unit_rows: int | None,
-         attempts: int) -> list[PassStats]:
+def _local_cores(master: str | None) -> int | None:
+    """Task slots of a local master, known before Spark starts; None for a cluster."""
+    m = _LOCAL.match(master or "")
+    if m is None:
+        return None
+    return int(m.group(2)) if m.group(2) and m.group(2) != "*" else (os.cpu_count() or 1)
+
+
+def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, cores: int) -> tuple[list[QueuePlan], list[WorkUnit]]:
     from bridge.pipeline.inprocess import backlog
 
     planning = time.monotonic()
-    cores = max(1, int(sc.defaultParallelism))
     plans: list[QueuePlan] = []
     units: list[WorkUnit] = []
     for runner in runners:
@@ -234,7 +260,11 @@ def _run(config: Config, runners: list[JobRunner], console: Console, sc: Any, un
             units.extend(queue_units)
     log.info("planned %d units over %d queues (%d rows) in %.1fs", len(units), len(plans), sum(p.rows for p in plans),
              time.monotonic() - planning)
+    return plans, units
 
+
+def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console: Console, sc: Any,
+         attempts: int) -> list[PassStats]:
     started = time.monotonic()
     results = _execute(config, sc, units, console) if units else []
     spark_seconds = time.monotonic() - started

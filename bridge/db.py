@@ -12,7 +12,10 @@ from bridge.config import mask_url
 from bridge.errors import BridgeError, RetryableError
 
 # SQLSTATE classes/codes that mean "the same statement can succeed later".
-_RETRYABLE_SQLSTATES = ("08", "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "HYT00", "HYT01", "53300")
+# 08 connection, 40 serialization/deadlock, 55P03 lock timeout, 57014 statement timeout, 57P0x
+# server shutting down, 53100/53200/53300 disk full, out of memory, too many connections, HYT timeouts.
+_RETRYABLE_SQLSTATES = ("08", "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53100", "53200", "53300",
+                        "HYT00", "HYT01")
 _RETRYABLE_MESSAGES = re.compile(
     r"deadlock|lock wait timeout|lock request time out|could not connect|connection refused|"
     r"server closed the connection|terminating connection|connection (is )?closed|"

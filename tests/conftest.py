@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 from collections.abc import Iterator
 
 import pytest
@@ -86,3 +87,21 @@ def mariadb_database(mariadb_server: str) -> Iterator[str]:
     """A fresh MariaDB database; yields its URL."""
     for name in _scratch(mariadb_server, "CREATE DATABASE `{}`", "DROP DATABASE `{}`"):
         yield mariadb_server.replace("/test?", f"/{name}?")
+
+
+@pytest.fixture()
+def make(pg_server: str, pg_schema: str, tmp_path: Path) -> Iterator:
+    """Builds PostgreSQL-to-PostgreSQL bridges in the test's scratch schema, `init` already run."""
+    from helpers import Bridge
+
+    made: list = []
+
+    def factory(**kwargs: object):
+        b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, **kwargs)
+        assert b.cli("init") == 0
+        made.append(b)
+        return b
+
+    yield factory
+    for b in made:
+        b.dispose()

@@ -5,28 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from helpers import Bridge, kill_at
-
-
-@pytest.fixture()
-def make(pg_server: str, pg_schema: str, tmp_path: Path) -> Iterator:
-    made: list[Bridge] = []
-
-    def factory(**kwargs: object) -> Bridge:
-        b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, **kwargs)
-        assert b.cli("init") == 0
-        made.append(b)
-        return b
-
-    yield factory
-    for b in made:
-        b.dispose()
 
 
 def _exactly_once(b: Bridge, expected: int) -> None:

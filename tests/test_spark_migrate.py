@@ -29,20 +29,9 @@ def _java() -> None:
         pytest.skip("Java is not installed; Spark needs it")
 
 
-@pytest.fixture()
-def make(pg_server: str, pg_schema: str, tmp_path: Path) -> Iterator:
+@pytest.fixture(autouse=True)
+def _needs_java() -> None:
     _java()
-    made: list[Bridge] = []
-
-    def factory(**kwargs: object) -> Bridge:
-        b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, **kwargs)
-        assert b.cli("init") == 0
-        made.append(b)
-        return b
-
-    yield factory
-    for b in made:
-        b.dispose()
 
 
 def seed(b: Bridge, n: int, queue: str = "MQueue1") -> int:

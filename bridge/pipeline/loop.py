@@ -136,17 +136,7 @@ class JobRunner:
         started = time.monotonic()
         stats = PassStats(queue)
         source = self.sources[queue]
-        with self.source_engine.connect() as sconn:
-            stx = sconn.begin()
-            try:
-                consume = self._pass(sconn, source, stats, lock=move)
-                faults.reached("after_target_commit")
-                if consume:
-                    stats.consumed = source.consume(sconn, consume)
-                stx.commit()
-            except BaseException:
-                stx.rollback()
-                raise
+        consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
         if consume:
             faults.reached("after_source_commit")
             self.state.clear_pending(self.target_engine, self.job.name, queue, self._version)
@@ -247,13 +237,29 @@ class JobRunner:
         lock = self.job.mode == "move"
         stats = PassStats(source.queue)
         started = time.monotonic()
+        rows: list[SourceRow] = []
+
+        def deliver(sconn: sa.Connection) -> list:
+            rows.extend(fetch(sconn, lock))
+            with self.target_engine.connect() as tconn, tconn.begin():
+                consume = self._deliver(tconn, source, rows, lock, stats)
+                faults.reached("before_target_commit")
+            return consume
+
+        self._in_source_tx(source, stats, deliver)
+        stats.read = len(rows)
+        stats.seconds = time.monotonic() - started
+        self._log(stats)
+        total.add(stats)
+        return rows
+
+    def _in_source_tx(self, source: Source, stats: PassStats, deliver) -> list:
+        """The two commits of a batch: `deliver(sconn)` reads in the source transaction and
+        commits the target; then move mode consumes what it returns, and the source commits."""
         with self.source_engine.connect() as sconn:
             stx = sconn.begin()
             try:
-                rows = fetch(sconn, lock)
-                with self.target_engine.connect() as tconn, tconn.begin():
-                    consume = self._deliver(tconn, source, rows, lock, stats)
-                    faults.reached("before_target_commit")
+                consume = deliver(sconn)
                 faults.reached("after_target_commit")
                 if consume:
                     stats.consumed = source.consume(sconn, consume)
@@ -261,11 +267,7 @@ class JobRunner:
             except BaseException:
                 stx.rollback()
                 raise
-        stats.read = len(rows)
-        stats.seconds = time.monotonic() - started
-        self._log(stats)
-        total.add(stats)
-        return rows
+        return consume
 
     def _scan(self, sconn: sa.Connection, tconn: sa.Connection, source: Source, lock: bool
               ) -> tuple[list[SourceRow], bool, list, dict[str, str]]:

@@ -242,3 +242,12 @@ def test_migrate_through_a_standalone_master_and_worker(make, standalone: str) -
     assert f"master {standalone}" in err.decode()
     assert sum(b.ledger().values()) == left
     delivered_once(b)
+
+
+def test_a_missing_legacy_table_stops_migrate_with_a_clear_error(make) -> None:
+    b = make()
+    with b.source.begin() as conn:
+        conn.execute(sa.text(f'DROP TABLE "{b.source_schema}"."MQueue1"'))
+    r = migrate(b)
+    assert r.returncode == 1
+    assert "NGinn queue table 'MQueue1' not found" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -219,18 +219,22 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
         cores = _local_cores(master)
         if cores is not None:
             plans, units = _plan(runners, unit_rows, attempts, cores)
-    finally:
+    except BaseException:
         launcher.join()
+        if "spark" in starting:  # a bad table or an unreachable database: do not leave the JVM up
+            starting["spark"].stop()
+        raise
+    launcher.join()
     if "error" in starting:
         raise starting["error"]
     spark = starting["spark"]
     sc = spark.sparkContext
-    if cores is None:  # a cluster: plan for the task slots it has
-        plans, units = _plan(runners, unit_rows, attempts, max(1, int(sc.defaultParallelism)))
-    sc.setLogLevel("ERROR")
-    if sc.uiWebUrl:
-        console.print(f"Spark UI: {sc.uiWebUrl}  (master {sc.master})", markup=False, highlight=False)
     try:
+        if cores is None:  # a cluster: plan for the task slots it has
+            plans, units = _plan(runners, unit_rows, attempts, max(1, int(sc.defaultParallelism)))
+        sc.setLogLevel("ERROR")
+        if sc.uiWebUrl:
+            console.print(f"Spark UI: {sc.uiWebUrl}  (master {sc.master})", markup=False, highlight=False)
         return _run(config, plans, units, console, sc, attempts)
     finally:
         spark.stop()

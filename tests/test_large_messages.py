@@ -29,3 +29,24 @@ def test_a_50_mb_body_and_10000_headers_arrive_intact(tmp_path: Path, pg_server:
     assert all(headers[f"Custom-{i}"] == f"value {i}" for i in range(10_000))
     assert b.cli("verify", "--deep") == 0
     b.dispose()
+
+
+def test_batch_size_1_moves_every_row_exactly_once_on_spark_and_in_process(make) -> None:
+    """The 1M-row run is `bench/batch1.py`; here the same settings on a few hundred rows, with holes."""
+    import sqlalchemy as sa
+
+    b = make(batch_size=1)
+    b.insert(b.ready(300))
+    t = b.tables["MQueue1"]
+    with b.source.begin() as conn:
+        conn.execute(t.delete().where(t.c.id % 7 == 0))
+    proc = b.spawn("migrate", "--unit-rows", "60")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    b.insert(b.ready(40, start=1000))
+    assert b.cli("sync", "--once") == 0
+    with b.source.connect() as conn:
+        left = conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+    ids = b.message_ids("Orders")
+    assert len(ids) == left and set(ids.values()) == {1}
+    assert b.cli("verify") == 0

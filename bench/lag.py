@@ -13,6 +13,7 @@ exactly once. Goal: p99 under 2 s with nothing lost.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import statistics
@@ -27,38 +28,15 @@ from pathlib import Path
 import psycopg
 import sqlalchemy as sa
 
-PG = "postgresql+psycopg://127.0.0.1/test"
+_spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
+assert _spec and _spec.loader
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+PG, QUEUE, MAPPING, libpq = bench.PG, bench.QUEUE, bench.MAPPING, bench.libpq
 SRC, TGT = "qlag_src", "qlag_tgt"
-QUEUE = "MQueue1"
-
-MAPPING = """\
-[routes]
-"*" = "Orders"
-
-[states]
-ready = "queue"
-delayed = "delayed"
-failed = "error"
-processed = "skip"
-"""
-
-CONFIG = """\
-[connections]
-legacy = "{pg}"
-nsb    = "{pg}"
-
-[[jobs]]
-name       = "lag"
-source     = {{ system = "nginn", connection = "legacy", queues = ["{queue}"], timezone = "UTC", database = "LegacyDb", schema = "{src}" }}
-target     = {{ connection = "nsb", flavor = "postgresql", schema = "{tgt}" }}
-mapping    = "mapping.toml"
-batch_size = 2000
-schedule   = {{ every = "1s" }}
-"""
-
-
-def libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
+# `qbridge run` passes every second; the writers store UTC times, so main() gives tz = "UTC".
+CONFIG = bench.CONFIG + 'schedule   = {{ every = "1s" }}\n'
 
 
 def writer(url: str, rate: int, seconds: float, committed: dict[int, float], done: threading.Event) -> None:
@@ -127,7 +105,7 @@ def main() -> None:
         work = Path(tmp)
         (work / "mapping.toml").write_text(MAPPING)
         cfg = work / "lag.toml"
-        cfg.write_text(CONFIG.format(pg=args.pg, queue=QUEUE, src=SRC, tgt=TGT))
+        cfg.write_text(CONFIG.format(pg=args.pg, queue=QUEUE, tz="UTC", src=SRC, tgt=TGT))
         subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], check=True, stdout=subprocess.DEVNULL)
         log = open(work / "run.log", "wb")
         run = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "-c", str(cfg)], stderr=log)

@@ -7,7 +7,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bridge.model import message_id_for
 from bridge.pipeline.loop import JobRunner
 from bridge.timefmt import utcnow
 
@@ -135,10 +134,8 @@ def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, s
 def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str]) -> dict[str, str]:
     if not keys:
         return {}
-    ids = {message_id_for(source.system, runner.database, source.queue, k): k for k in keys}
-    found = runner.state.known(tconn, list(ids))
-    by_str = {str(mid): k for mid, k in ids.items()}
-    return {by_str[mid]: outcome for mid, outcome in found.items()}
+    ids, known = runner.ledger_lookup(tconn, source, keys)
+    return {k: known[ids[k]] for k in keys if ids[k] in known}
 
 
 def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:

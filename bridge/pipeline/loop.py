@@ -107,6 +107,11 @@ class JobRunner:
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
         return message_id_for(source.system, self.database, source.queue, str(row.key))
 
+    def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> tuple[dict[Any, str], dict[str, str]]:
+        """(source key -> message id, message id -> outcome for those already in the ledger)."""
+        ids = {k: str(message_id_for(source.system, self.database, source.queue, str(k))) for k in keys}
+        return ids, self.state.known(tconn, list(ids.values()))
+
     def check(self) -> None:
         """Both databases answer, source tables look right, checkpoints exist; a clear error if not."""
         job = self.job
@@ -274,10 +279,9 @@ class JobRunner:
         """A source without an increasing key: list every row's key, and let the ledger say
         which are new. In move mode, rows delivered earlier but still there are consumed."""
         keys = source.scan_keys(sconn)
-        ids = {k: message_id_for(source.system, self.database, source.queue, str(k)) for k in keys}
-        known = self.state.known(tconn, list(ids.values()))
-        todo = [k for k in keys if str(ids[k]) not in known]
-        leftovers = [k for k in keys if known.get(str(ids[k])) in ("delivered", "skipped")] if lock else []
+        ids, known = self.ledger_lookup(tconn, source, keys)
+        todo = [k for k in keys if ids[k] not in known]
+        leftovers = [k for k in keys if known.get(ids[k]) in ("delivered", "skipped")] if lock else []
         batch = todo[: self.job.batch_size]
         return source.fetch_keys(sconn, batch, lock), len(todo) > len(batch), leftovers, known
 

@@ -58,7 +58,6 @@ class WorkUnit:
 class QueuePlan:
     runner: JobRunner
     queue: str
-    start_high: int | None  # the checkpoint the plan started from
     high: int | None  # the last planned key (monotonic sources)
     units: int = 0
     rows: int = 0
@@ -76,7 +75,7 @@ def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tu
     job = runner.job.name
     with runner.target_engine.connect() as tconn:
         cp = runner.state.read_checkpoints(tconn, job)[queue]
-    plan = QueuePlan(runner, queue, cp.high, cp.high)
+    plan = QueuePlan(runner, queue, cp.high)
     units: list[WorkUnit] = []
     with runner.source_engine.connect() as sconn:
         if source.cursor == "scan":
@@ -105,17 +104,14 @@ def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tu
 def _new_keys(runner: JobRunner, sconn: Any, queue: str, size: int) -> Iterator[list[Any]]:
     """A scan source's keys the ledger does not know yet, in lists of `size`. Such sources
     can only list their keys, so the driver holds the backlog's keys (not its rows)."""
-    from bridge.model import message_id_for
-
     source = runner.sources[queue]
     keys = source.scan_keys(sconn)
     todo: list[Any] = []
     with runner.target_engine.connect() as tconn:
         for start in range(0, len(keys), 10_000):
             chunk = keys[start:start + 10_000]
-            ids = [message_id_for(source.system, runner.database, queue, str(k)) for k in chunk]
-            known = runner.state.known(tconn, ids)
-            todo.extend(k for k, mid in zip(chunk, ids) if str(mid) not in known)
+            ids, known = runner.ledger_lookup(tconn, source, chunk)
+            todo.extend(k for k in chunk if ids[k] not in known)
             while len(todo) >= size:
                 yield todo[:size]
                 todo = todo[size:]

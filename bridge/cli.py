@@ -95,13 +95,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     plans = provision.plan(config, config.select(args.job))
     for p in plans:
         if args.print_sql:
-            out.print(f"-- target {p.connection!r}, flavor {p.tables.flavor}, schema {p.tables.schema}", markup=False, highlight=False)
+            out.print(f"-- connection {p.connection!r}: {p.label}", markup=False, highlight=False)
             for stmt in provision.ddl(p):
-                sep = "\nGO" if p.tables.backend == "mssql" else ";"
+                sep = "\nGO" if p.backend == "mssql" else ";"
                 out.print(stmt + sep + "\n", markup=False, highlight=False)
             continue
         created, existing = provision.create_missing(p)
-        out.print(f"target {p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
+        out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
                   f"{len(existing)} already existed and were left alone", markup=False, highlight=False)
     return 0
 

@@ -15,17 +15,27 @@ from bridge.settings_io import expand_env, read_toml, validate
 from bridge.timefmt import parse_duration, zone
 
 SYSTEMS = ("nginn", "openjms", "biztalk")
+LEGACY_SYSTEMS = SYSTEMS
+NSB = "nservicebus"
 
 
 class SourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    system: Literal["nginn", "openjms", "biztalk"]
+    system: Literal["nginn", "openjms", "biztalk", "nservicebus"]
     connection: str
     queues: list[str] = Field(min_length=1)
     timezone: str | None = None
     database: str | None = None  # identity used in message ids; defaults to the URL's database
     schema_: str | None = Field(default=None, alias="schema")
+    # nservicebus sources only: which transport's table shapes the proxy queues have.
+    flavor: Literal["postgresql", "sqlserver"] | None = None
+    catalog: str | None = None  # nservicebus sources on SQL Server: the catalog in addresses
+
+    @property
+    def schema_name(self) -> str:
+        """The NServiceBus schema of an nservicebus source (the transports' defaults)."""
+        return self.schema_ or ("public" if self.flavor == "postgresql" else "dbo")
 
     @field_validator("queues")
     @classmethod
@@ -52,18 +62,40 @@ class SourceConfig(BaseModel):
 class TargetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    # A target without `system` is NServiceBus; a legacy system makes the job a reverse job.
+    system: Literal["nservicebus", "nginn", "openjms", "biztalk"] = "nservicebus"
     connection: str
-    flavor: Literal["postgresql", "sqlserver"]
+    flavor: Literal["postgresql", "sqlserver"] | None = None  # NServiceBus targets: required
     schema_: str | None = Field(default=None, alias="schema")
     error_queue: str = "error"
     audit_queue: str = "audit"
     # SQL Server transport addresses are `queue@[schema]@[catalog]`; defaults to the URL's database.
     catalog: str | None = None
+    # Legacy targets: server-local time zone (NGinn), identity of the legacy database in echo
+    # checks (default: the URL's database, as a forward job's source.database), and NGinn's
+    # connection-string alias in endpoint URIs `sql://ALIAS/Queue` (default: that identity).
+    timezone: str | None = None
+    database: str | None = None
+    alias: str | None = None
 
     @field_validator("schema_", "error_queue", "audit_queue", "catalog")
     @classmethod
     def _names(cls, value: str | None) -> str | None:
         return None if value is None else check_name(value, "name")
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            zone(value)
+        return value
+
+    @field_validator("alias")
+    @classmethod
+    def _alias(cls, value: str | None) -> str | None:
+        if value is not None and (not value or "/" in value or "|" in value or "=" in value):
+            raise ValueError("an NGinn connection alias is a plain name (no '/', '|' or '=')")
+        return value
 
     @property
     def schema_name(self) -> str:
@@ -117,9 +149,22 @@ class JobConfig(BaseModel):
         parse_duration(value)
         return value
 
+    @model_validator(mode="after")
+    def _reverse_moves(self) -> JobConfig:
+        # Reading NServiceBus consumes (the transport has no other receive); an explicit
+        # mode = "copy" is refused with its reason in ConfigFile.problems.
+        if self.source.system == NSB and "mode" not in self.model_fields_set:
+            self.mode = "move"
+        return self
+
     @property
     def window_seconds(self) -> float:
         return parse_duration(self.late_commit_window)
+
+    @property
+    def reverse(self) -> bool:
+        """NServiceBus -> legacy: the job reads NServiceBus proxy queues."""
+        return self.source.system == NSB
 
 
 class ConfigFile(BaseModel):
@@ -140,12 +185,39 @@ class ConfigFile(BaseModel):
                     problems.append(f"jobs[{i}].{side}.connection: {conn!r} is not in [connections] ({', '.join(self.connections) or 'none defined'})")
             if job.source.system == "nginn" and job.source.timezone is None:
                 problems.append(f"jobs[{i}].source.timezone: required for nginn (NGinn stores server-local times); give the legacy server's IANA zone, e.g. \"Europe/Warsaw\"")
+            problems.extend(_direction_problems(i, job))
         for name, url in self.connections.items():
             try:
                 make_url(url)
             except Exception:
                 problems.append(f"connections.{name}: not a SQLAlchemy URL (expected e.g. postgresql+psycopg://host/db)")
         return problems
+
+
+def _direction_problems(i: int, job: JobConfig) -> list[str]:
+    """A job moves NServiceBus <-> legacy: exactly one side is NServiceBus, each side complete."""
+    at = f"jobs[{i}]"
+    src, tgt = job.source, job.target
+    if src.system == NSB and tgt.system == NSB:
+        return [f"{at}.target.system: a job reading NServiceBus writes a legacy system; give one of {', '.join(LEGACY_SYSTEMS)}"]
+    if src.system != NSB and tgt.system != NSB:
+        return [f"{at}.target.system: {tgt.system!r} is a legacy system, and so is the source {src.system!r}; "
+                "one side of a job is NServiceBus (leave target.system out for NServiceBus)"]
+    problems = []
+    if src.system == NSB:
+        if src.flavor is None:
+            problems.append(f"{at}.source.flavor: required for an nservicebus source (\"postgresql\" or \"sqlserver\")")
+        if job.mode != "move":
+            problems.append(f"{at}.mode: a job reading NServiceBus always consumes what it reads, as the transport's own "
+                            "receive does; set mode = \"move\" (copy would deliver every message again on every pass)")
+        if tgt.system == "nginn" and tgt.timezone is None:
+            problems.append(f"{at}.target.timezone: required for an nginn target (NGinn stores server-local times); "
+                            "give the legacy server's IANA zone, e.g. \"Europe/Warsaw\"")
+        if tgt.flavor is not None:
+            problems.append(f"{at}.target.flavor: only NServiceBus targets have a flavor; the NServiceBus side of this job is the source")
+    elif tgt.flavor is None:
+        problems.append(f"{at}.target.flavor: required for an NServiceBus target (\"postgresql\" or \"sqlserver\")")
+    return problems
 
 
 class Config:

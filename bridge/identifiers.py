@@ -36,3 +36,15 @@ def check_fits(name: str, backend: str, what: str) -> str:
     if limit and size > limit:
         raise ValueError(f"{what} {name!r} is {size} {unit} long; {backend} identifiers hold at most {limit}")
     return name
+
+
+def url_identity(url: str) -> str:
+    """A database's default name in message ids and echo tags: the URL's database, or the
+    SQLite file's stem."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    name = parsed.database or "default"
+    if parsed.get_backend_name() == "sqlite":
+        name = name.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0] or "default"
+    return name

@@ -1,4 +1,9 @@
-"""`qbridge init`: the target tables a config needs, printed for a DBA or created if missing."""
+"""`qbridge init`: the tables a config needs, printed for a DBA or created if missing.
+
+A forward job needs the NServiceBus tables and qbridge's state tables in its target. A reverse
+job needs the proxy queues it reads on the NServiceBus side, and its legacy tables and qbridge's
+state tables on the legacy side (the ledger lives beside the rows it guards).
+"""
 
 from __future__ import annotations
 
@@ -10,70 +15,82 @@ from bridge.config import Config, JobConfig
 from bridge.db import engine_for
 from bridge.errors import TargetSchemaError
 from bridge.state import state_tables
-from bridge.targets.nservicebus import TargetTables, create_statements
+from bridge.targets import target_class
+from bridge.targets.nservicebus import create_statements
+from bridge.targets.nservicebus_target import transport_tables
 
 
 @dataclass
 class TargetPlan:
-    """Every table one target connection + schema needs, across the jobs writing there."""
+    """Every table one connection + schema needs, across the jobs that use it."""
 
     connection: str
     url: str
-    tables: TargetTables
-    names: list[str] = field(default_factory=list)
+    schema: str | None  # where the tables go (None: the database's default)
+    label: str  # what the tables are for, in `--print-sql` output
+    tables: list[sa.Table] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tables]
+
+    @property
+    def backend(self) -> str:
+        return sa.engine.make_url(self.url).get_backend_name()
 
     def add(self, table: sa.Table) -> None:
-        if table.name not in self.names:
-            self.names.append(table.name)
+        if table.fullname not in {t.fullname for t in self.tables}:
+            self.tables.append(table)
 
 
 def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
-    plans: dict[tuple[str, str, str], TargetPlan] = {}
+    plans: dict[tuple[str, str | None], TargetPlan] = {}
+
+    def at(connection: str, schema: str | None, label: str) -> TargetPlan:
+        key = (connection, schema)
+        if key not in plans:
+            plans[key] = TargetPlan(connection, config.connections[connection], schema, label)
+        return plans[key]
+
     for job in jobs:
         url = config.connections[job.target.connection]
-        backend = sa.engine.make_url(url).get_backend_name()
-        key = (job.target.connection, job.target.flavor, job.target.schema_name)
-        if key not in plans:
-            tables = TargetTables(job.target.flavor, job.target.schema_name, backend, job.target.catalog)
-            plans[key] = TargetPlan(job.target.connection, url, tables)
-            for t in state_tables(tables.table_schema, tables.metadata).values():
-                plans[key].add(t)
-        p = plans[key]
-        mapping = config.mapping(job)
-        states = mapping.states
-        for queue in mapping.target_queues():
-            p.add(p.tables.queue(queue))
-            if "delayed" in (states.ready, states.delayed, states.failed):
-                p.add(p.tables.delayed(queue))
-        if "error" in (states.ready, states.delayed, states.failed, states.expired):
-            p.add(p.tables.queue(job.target.error_queue))
-        if "audit" in (states.ready, states.delayed, states.failed, states.processed, states.expired):
-            p.add(p.tables.queue(job.target.audit_queue))
-        p.add(p.tables.subscriptions())
+        target = target_class(job.target.system)(job, url, config.mapping(job))
+        schema = target.state_schema
+        label = (f"flavor {job.target.flavor}, schema {job.target.schema_name}" if job.target.system == "nservicebus"
+                 else f"{job.target.system} legacy store, schema {schema or '(default)'}")
+        p = at(job.target.connection, schema, label)
+        for t in state_tables(schema).values():
+            p.add(t)
+        for t in target.tables():
+            p.add(t)
+        if job.reverse:
+            src = job.source
+            assert src.flavor is not None
+            nsb_url = config.connections[src.connection]
+            transport = transport_tables(src.flavor, src.schema_name, nsb_url, src.catalog)
+            q = at(src.connection, transport.table_schema, f"NServiceBus proxy queues, flavor {src.flavor}, schema {src.schema_name}")
+            for queue in src.queues:
+                q.add(transport.queue(queue))
+                q.add(transport.delayed(queue))
+            q.add(transport.subscriptions())
     return list(plans.values())
 
 
 def ddl(p: TargetPlan) -> list[str]:
     dialect = sa.create_engine(p.url).dialect
-    tables = [p.tables.metadata.tables[k] for k in _keys(p)]
-    return create_statements(tables, dialect)
-
-
-def _keys(p: TargetPlan) -> list[str]:
-    schema = p.tables.table_schema
-    return [f"{schema}.{n}" if schema else n for n in p.names]
+    return create_statements(p.tables, dialect)
 
 
 def create_missing(p: TargetPlan) -> tuple[list[str], list[str]]:
     """Creates the tables that do not exist yet; returns (created, already there)."""
     engine = engine_for(p.url)
-    schema = p.tables.table_schema
+    schema = p.schema
     with engine.begin() as conn:
         insp = sa.inspect(conn)
         if schema and engine.dialect.name != "sqlite" and schema not in insp.get_schema_names():
-            raise TargetSchemaError(f"schema {schema!r} does not exist in target {p.connection!r}; create it first")
-        existing = [n for n in p.names if insp.has_table(n, schema=schema)]
-        tables = [p.tables.metadata.tables[k] for k in _keys(p)]
-        p.tables.metadata.create_all(conn, tables=tables, checkfirst=True)
+            raise TargetSchemaError(f"schema {schema!r} does not exist in {p.connection!r}; create it first")
+        existing = [t.name for t in p.tables if insp.has_table(t.name, schema=t.schema)]
+        for t in p.tables:
+            t.create(conn, checkfirst=True)
     created = [n for n in p.names if n not in existing]
     return created, existing

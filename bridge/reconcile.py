@@ -60,6 +60,12 @@ def verify(runner: JobRunner, deep: bool = False) -> JobBooks:
     if deep:
         from bridge.deep import deep_compare
 
+        if runner.job.reverse:
+            from bridge.errors import UsageError
+
+            raise UsageError(f"job {runner.job.name!r}: --deep compares rows in NServiceBus target tables; "
+                             "a reverse job's target is a legacy store (run verify without --deep)")
+
         compared = deep_compare(runner)
         for b in books.queues:
             b.deep = asdict(compared[b.queue])
@@ -73,8 +79,12 @@ def _books(runner: JobRunner) -> JobBooks:
         checkpoints = runner.state.read_checkpoints(tconn, job)
         for queue, source in runner.sources.items():
             b = QueueBooks(queue)
-            if getattr(source, "cursor", "monotonic") == "scan":
+            if source.cursor == "scan":
                 _scan_books(runner, tconn, sconn, source, b)
+                books.append(b)
+                continue
+            if source.cursor == "queue":
+                _queue_books(runner, tconn, sconn, source, b)
                 books.append(b)
                 continue
             cp = checkpoints.get(queue)
@@ -131,6 +141,19 @@ def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, s
             setattr(b, outcome, getattr(b, outcome) + 1)
 
 
+def _queue_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, b: QueueBooks) -> None:
+    """A consumed queue (NServiceBus proxy queues): what left it is in the ledger; what is still
+    there is backlog, or `pending` when the ledger has it (its delete did not commit yet)."""
+    counts = runner.state.counts(tconn, runner.job.name).get(source.queue, {})
+    for outcome, n in counts.items():
+        setattr(b, outcome, n)
+    b.source_rows = sum(counts.values())
+    keys = list(source.queued_keys(sconn))
+    known = _outcomes_by_id(runner, tconn, source, keys)
+    b.pending = len(known)
+    b.backlog = len(keys) - len(known)
+
+
 def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str]) -> dict[str, str]:
     if not keys:
         return {}
@@ -139,7 +162,9 @@ def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: 
 
 
 def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:
-    if getattr(source, "cursor", "monotonic") == "scan":
+    if source.cursor == "queue":
+        return source.count_after(sconn, None)
+    if source.cursor == "scan":
         keys = [str(k) for k in source.scan_keys(sconn)]
         return len(keys) - len(_outcomes_by_id(runner, tconn, source, keys))
     return source.count_after(sconn, cp.high if cp else None)

@@ -67,6 +67,12 @@ def pg_schema(pg_server: str) -> Iterator[str]:
     yield from _scratch(pg_server, 'CREATE SCHEMA "{}"', 'DROP SCHEMA "{}" CASCADE')
 
 
+@pytest.fixture()
+def pg_schema2(pg_server: str) -> Iterator[str]:
+    """A second scratch schema: the other side of a two-way setup."""
+    yield from _scratch(pg_server, 'CREATE SCHEMA "{}"', 'DROP SCHEMA "{}" CASCADE')
+
+
 @pytest.fixture(autouse=True)
 def _fresh_engines() -> Iterator[None]:
     yield

@@ -22,13 +22,15 @@ from bridge import faults
 from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for
 from bridge.errors import BadRow, RetryableError
+from bridge.identifiers import url_identity
 from bridge.model import message_id_for
 from bridge.pipeline.gaps import Gap, expire, fill, holes
 from bridge.retry import with_backoff
 from bridge.sources import Source, SourceRow, Subscription, source_class
 from bridge.state import LedgerEntry, Quarantined, State
-from bridge.targets.envelope import Outgoing, Skipped, envelope
-from bridge.targets.nservicebus import TargetTables
+from bridge.targets import target_class
+from bridge.targets.base import Skipped, Target
+from bridge.targets.nservicebus_target import NServiceBusTarget, transport_tables
 from bridge.targets.writer import TargetWriter
 from bridge.timefmt import utcnow
 
@@ -69,13 +71,7 @@ class RangeResult:
 
 def database_identity(job: JobConfig, url: str) -> str:
     """The name that, with system, queue and key, makes a message's deterministic id."""
-    if job.source.database:
-        return job.source.database
-    parsed = sa.engine.make_url(url)
-    name = parsed.database or "default"
-    if parsed.get_backend_name() == "sqlite":
-        name = name.replace("\\", "/").rsplit("/", 1)[-1].rsplit(".", 1)[0] or "default"
-    return name
+    return job.source.database or url_identity(url)
 
 
 class JobRunner:
@@ -88,12 +84,16 @@ class JobRunner:
         self.target_url = config.connections[job.target.connection]
         self.source_engine = engine_for(self.source_url)
         self.target_engine = engine_for(self.target_url)
-        tgt = sa.engine.make_url(self.target_url)
-        backend = tgt.get_backend_name()
-        catalog = job.target.catalog or (tgt.database if backend == "mssql" else None)
-        self.tables = TargetTables(job.target.flavor, job.target.schema_name, backend, catalog)
+        self.target: Target = target_class(job.target.system)(job, self.target_url, self.mapping)
+        # The NServiceBus side's transport tables: the target of a forward job, the proxy
+        # queues (and SubscriptionRouting) of a reverse one.
+        if isinstance(self.target, NServiceBusTarget):
+            self.tables = self.target.transport
+        else:
+            assert job.source.flavor is not None
+            self.tables = transport_tables(job.source.flavor, job.source.schema_name, self.source_url, job.source.catalog)
         self.writer = TargetWriter(self.tables)
-        self.state = State(self.tables.table_schema)
+        self.state = State(self.target.state_schema)
         self.database = database_identity(job, self.source_url)
         cls = source_class(job.source.system)
         self.sources: dict[str, Source] = {
@@ -105,7 +105,7 @@ class JobRunner:
         self._version = 0
 
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
-        return message_id_for(source.system, self.database, source.queue, str(row.key))
+        return message_id_for(source.system, self.database, source.queue, source.ledger_key(row))
 
     def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> tuple[dict[Any, str], dict[str, str]]:
         """(source key -> message id, message id -> outcome for those already in the ledger)."""
@@ -154,10 +154,12 @@ class JobRunner:
         now = time.time()
         with self.target_engine.connect() as tconn, tconn.begin():
             cp = self.state.lock_checkpoint(tconn, job.name, source.queue)
-            if getattr(source, "cursor", "monotonic") == "scan":
+            given_up: list[Gap] = []
+            if source.cursor == "scan":
                 rows, stats.more, consume, known = self._scan(sconn, tconn, source, lock)
-                late: list[SourceRow] = []
-                given_up: list[Gap] = []
+            elif source.cursor == "queue":  # consumed as read: the head of the queue, skip-locked
+                rows, consume, known = source.fetch_after(sconn, None, job.batch_size, True), [], None
+                stats.more = len(rows) >= job.batch_size
             else:
                 new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
                 still_open, given_up = expire(cp.gaps, now, job.window_seconds)
@@ -190,7 +192,7 @@ class JobRunner:
         """Decodes, maps and writes `rows` with their ledger entries in the caller's target
         transaction; returns the keys move mode may consume once it commits."""
         outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
-        self.writer.write(tconn, outs)
+        self.target.write(tconn, outs)
         try:
             self.state.record(tconn, self.job.name, source.queue, entries, quarantined)
         except sa_exc.IntegrityError:
@@ -287,28 +289,29 @@ class JobRunner:
 
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
                  known: dict[str, str] | None = None
-                 ) -> tuple[list[Outgoing], list[LedgerEntry], list[Quarantined], list[int]]:
+                 ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
         ids = [str(self.message_id(source, r)) for r in rows]
         if known is None:  # a scan source's pass has just looked these up
             known = self.state.known(tconn, ids)
-        outs: list[Outgoing] = []
+        outs: list[Any] = []
         entries: list[LedgerEntry] = []
         quarantined: list[Quarantined] = []
-        consume: list[int] = []
+        consume: list[Any] = []
         translated = getattr(source, "translated_headers", frozenset())
+        take_quarantined = lock and source.consumes_quarantined
         now = utcnow()
         oldest = None
         for row, mid in zip(rows, ids):
-            key = str(row.key)
+            key = source.ledger_key(row)
             seen = known.get(mid)
             if seen is not None:
                 stats.already += 1
-                if lock and row.consumable and seen != "quarantined":
+                if lock and row.consumable and (seen != "quarantined" or take_quarantined):
                     consume.append(row.key)
                 continue
             try:
                 msg = source.decode(row)
-                result = envelope(msg, self.mapping, self.tables, self.job.target, translated)
+                result = self.target.envelope(msg, translated)
             except BadRow as e:
                 result = None
                 reason = str(e)
@@ -320,14 +323,15 @@ class JobRunner:
                 quarantined.append(Quarantined(mid, key, reason, source.raw(row)))
                 entries.append(LedgerEntry(mid, key, "quarantined", reason=reason))
                 stats.quarantined += 1
+                if take_quarantined and row.consumable:
+                    consume.append(row.key)
                 continue
             if isinstance(result, Skipped):
                 entries.append(LedgerEntry(mid, key, "skipped", reason=result.reason))
                 stats.skipped += 1
             else:
                 outs.append(result)
-                target = f"{result.queue}.Delayed" if result.kind == "delayed" else result.queue
-                entries.append(LedgerEntry(mid, key, "delivered", target=target))
+                entries.append(LedgerEntry(mid, key, "delivered", target=self.target.ledger_target(result)))
                 stats.delivered += 1
                 oldest = msg.time_sent if oldest is None else min(oldest, msg.time_sent)
             if lock and row.consumable:
@@ -370,6 +374,8 @@ class JobRunner:
 
     def sync_subscriptions(self) -> int:
         """Legacy subscriptions -> SubscriptionRouting; returns how many rows changed."""
+        if self.job.reverse:
+            return self._sync_proxy_subscriptions()
         with self.source_engine.connect() as sconn:
             subs = sorted({s for source in self.sources.values() for s in source.subscriptions(sconn)},
                           key=lambda s: (s.endpoint, s.topic))
@@ -384,3 +390,20 @@ class JobRunner:
             return 0
         with self.target_engine.begin() as tconn:
             return self.writer.write_subscriptions(tconn, rows)
+
+    def _sync_proxy_subscriptions(self) -> int:
+        """Reverse jobs: a legacy subscriber served by a proxy queue subscribes that proxy queue,
+        so an NServiceBus `Publish` of the type reaches it through this job."""
+        proxies: dict[str, list[str]] = {}
+        for proxy in self.sources:
+            legacy = self.mapping.route([proxy])
+            if legacy is not None:
+                proxies.setdefault(legacy, []).append(proxy)
+        with self.target_engine.connect() as tconn:
+            subs = self.target.subscriptions(tconn)
+        rows = [(Subscription(endpoint=proxy, topic=self.mapping.map_topic(sub.topic)), proxy, self.tables.address(proxy))
+                for sub in subs for proxy in proxies.get(sub.endpoint, [])]
+        if not rows:
+            return 0
+        with self.source_engine.begin() as sconn:
+            return self.writer.write_subscriptions(sconn, rows)

@@ -78,7 +78,9 @@ def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tu
     plan = QueuePlan(runner, queue, cp.high)
     units: list[WorkUnit] = []
     with runner.source_engine.connect() as sconn:
-        if source.cursor == "scan":
+        if source.cursor == "queue":
+            pass  # consumed as read: the closing in-process pass drains it, skip-locked
+        elif source.cursor == "scan":
             for keys in _new_keys(runner, sconn, queue, size):
                 units.append(WorkUnit(first_index + len(units), job, queue, len(keys), keys=tuple(keys)))
         else:

@@ -10,6 +10,7 @@ REGISTRY: dict[str, str] = {
     "nginn": "bridge.sources.nginn:NGinnSource",
     "openjms": "bridge.sources.openjms:OpenJMSSource",
     "biztalk": "bridge.sources.biztalk:BizTalkSource",
+    "nservicebus": "bridge.sources.nservicebus:NServiceBusSource",
 }
 
 __all__ = ["REGISTRY", "Source", "SourceRow", "Subscription", "source_class"]

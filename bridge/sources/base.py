@@ -36,13 +36,21 @@ class Source:
     system: ClassVar[str]
     # "monotonic": an increasing integer key, read after a checkpoint with gap tracking.
     # "scan": no such key; every pass lists all keys and the ledger says which are new.
+    # "queue": every row read is consumed, so each pass reads the head of the queue (move only).
     cursor: ClassVar[str] = "monotonic"
+    # Move mode takes quarantined rows out of the source too (they are kept in qbridge's
+    # quarantine). Only for sources where a row left behind would be read again for ever.
+    consumes_quarantined: ClassVar[bool] = False
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         self.job = job
         self.engine = engine
         self.queue = queue
         self.database = database
+
+    def ledger_key(self, row: SourceRow) -> str:
+        """The row's identity in the ledger and in its message id (its key, by default)."""
+        return str(row.key)
 
     def configure(self, mapping: Any) -> None:
         """Takes what it needs from the job's mapping (nothing by default)."""
@@ -75,7 +83,7 @@ class Source:
     def message(self, row: SourceRow, **fields: Any) -> CanonicalMessage:
         """The canonical message of `row`, its id and coordinates filled in; a field that does not
         validate makes the row a BadRow, never a crash."""
-        key = str(row.key)
+        key = self.ledger_key(row)
         try:
             return CanonicalMessage(
                 message_id=message_id_for(self.system, self.database, self.queue, key),

@@ -7,7 +7,7 @@ Facts: reference/legacy-sources.md §1. The table is named like the queue (`sql:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
@@ -231,20 +231,23 @@ class NGinnSource(Source):
         )
 
     def subscriptions(self, conn: sa.Connection) -> list[Subscription]:
-        """Live rows of both NGinn subscription tables (the name changed in 2014)."""
-        insp = sa.inspect(conn)
-        schema = self.job.source.schema_
-        now_local = utcnow().astimezone(self.tz).replace(tzinfo=None)
-        found: list[Subscription] = []
-        for name in SUBSCRIPTION_TABLES:
-            if not insp.has_table(name, schema=schema):
-                continue
-            t = subscription_table(name, schema)
-            stmt = sa.select(t.c.subscriber_endpoint, t.c.message_type).where(
-                sa.or_(t.c.expiration_date.is_(None), t.c.expiration_date >= now_local)
-            )
-            for endpoint, topic in conn.execute(stmt):
-                queue = codec.endpoint_queue(endpoint)
-                if queue and topic:
-                    found.append(Subscription(endpoint=queue, topic=topic))
-        return sorted(set(found), key=lambda s: (s.endpoint, s.topic))
+        return live_subscriptions(conn, self.job.source.schema_, self.tz)
+
+
+def live_subscriptions(conn: sa.Connection, schema: str | None, tz: Any) -> list[Subscription]:
+    """Live rows of both NGinn subscription tables (the name changed in 2014), by subscriber queue."""
+    insp = sa.inspect(conn)
+    now_local = utcnow().astimezone(tz).replace(tzinfo=None)
+    found: list[Subscription] = []
+    for name in SUBSCRIPTION_TABLES:
+        if not insp.has_table(name, schema=schema):
+            continue
+        t = subscription_table(name, schema)
+        stmt = sa.select(t.c.subscriber_endpoint, t.c.message_type).where(
+            sa.or_(t.c.expiration_date.is_(None), t.c.expiration_date >= now_local)
+        )
+        for endpoint, topic in conn.execute(stmt):
+            queue = codec.endpoint_queue(endpoint)
+            if queue and topic:
+                found.append(Subscription(endpoint=queue, topic=topic))
+    return sorted(set(found), key=lambda s: (s.endpoint, s.topic))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NamedTuple
 
@@ -13,6 +12,8 @@ from bridge.config import TargetConfig
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
 from bridge.model import CanonicalMessage
+from bridge.targets.base import Skipped
+from bridge.targets.echo import ECHO_HEADER, echo_of
 from bridge.targets.nservicebus import TargetTables
 from bridge.timefmt import timespan, to_wire, utcnow
 
@@ -30,19 +31,16 @@ class Outgoing(NamedTuple):
     due: datetime | None = None
 
 
-@dataclass(frozen=True)
-class Skipped:
-    reason: str
-
-
 def envelope(
     msg: CanonicalMessage,
     mapping: Mapping,
     tables: TargetTables,
     target: TargetConfig,
     translated: frozenset[str] = frozenset(),
+    database: str | None = None,
 ) -> Outgoing | Skipped:
-    """Applies the mapping; raises BadRow when the message has nowhere to go."""
+    """Applies the mapping; raises BadRow when the message has nowhere to go. `database` is the
+    target's identity, for the echo guard."""
     action = getattr(mapping.states, msg.state)
     if action == "skip":
         return Skipped(f"state {msg.state} -> skip")
@@ -55,6 +53,8 @@ def envelope(
             f"no route for queue {msg.source.queue!r}, destination {msg.destination!r} or type "
             f"{msg.enclosed_types[0] if msg.enclosed_types else '(none)'!r}; add one to [routes] (or a '*' route)"
         )
+    if (came_from := echo_of(msg.headers.get(ECHO_HEADER), "nservicebus", routed, database)) is not None:
+        return Skipped(came_from)
     mid = str(msg.message_id)
     headers = _legacy_headers(msg, mapping, translated)
     headers.update(_derived(msg, types, mid))
@@ -125,7 +125,7 @@ def _derived(msg: CanonicalMessage, types: list[str], mid: str) -> dict[str, str
         "NServiceBus.TimeSent": to_wire(msg.time_sent),
         "NServiceBus.CorrelationId": msg.correlation_id or mid,
         "NServiceBus.ConversationId": msg.conversation_id or mid,
-        "QBridge.Source": f"{msg.source.system}://{msg.source.database}/{msg.source.queue}/{msg.source.key}",
+        ECHO_HEADER: f"{msg.source.system}://{msg.source.database}/{msg.source.queue}/{msg.source.key}",
     }
     if types:
         h["NServiceBus.EnclosedMessageTypes"] = ";".join(dict.fromkeys(types))

@@ -1,0 +1,75 @@
+"""Routing, type names and headers of the reverse direction (NServiceBus -> a legacy system),
+shared by the legacy targets.
+
+A reverse job's mapping reads in the job's direction: `[routes]` maps an NServiceBus proxy
+queue or message type to a legacy queue, `[headers.*]` act on the NServiceBus headers. `[types]`
+keeps the forward spelling ("legacy type" = "NServiceBus type"), so one types table serves a
+queue pair both ways; the reverse job looks it up backwards.
+"""
+
+from __future__ import annotations
+
+from bridge.errors import BadRow
+from bridge.mapping import Mapping, render_template
+from bridge.model import CanonicalMessage
+
+# NServiceBus headers a legacy endpoint can make sense of; the rest describe NServiceBus's
+# own pipeline (or hold '=' and '|', as assembly-qualified type names do).
+KEPT_NSB_HEADERS = frozenset({
+    "NServiceBus.MessageId", "NServiceBus.ConversationId", "NServiceBus.OriginatingEndpoint",
+    "NServiceBus.MessageIntent", "NServiceBus.RelatedTo",
+})
+
+
+def type_forms(name: str) -> list[str]:
+    """An assembly-qualified .NET type name, then `FullName, Assembly`, then `FullName`."""
+    parts = [p.strip() for p in name.split(",")]
+    forms = [name.strip(), ", ".join(parts[:2]), parts[0]]
+    return list(dict.fromkeys(f for f in forms if f))
+
+
+class ReverseRules:
+    """One reverse job's routes, reversed type table and header rules."""
+
+    def __init__(self, mapping: Mapping) -> None:
+        self.mapping = mapping
+        self.legacy_names: dict[str, str] = {}
+        for legacy, nsb in mapping.types.items():
+            for form in type_forms(nsb):
+                self.legacy_names.setdefault(form, legacy)
+
+    def route(self, msg: CanonicalMessage) -> str:
+        """The legacy queue: the first enclosed type with a route, else the proxy queue's."""
+        candidates = [f for t in msg.enclosed_types for f in type_forms(t)] + [msg.destination]
+        routed = self.mapping.route(candidates)
+        if routed is None:
+            raise BadRow(f"no route for proxy queue {msg.destination!r} or type "
+                         f"{msg.enclosed_types[0] if msg.enclosed_types else '(none)'!r}; add one to [routes] (or a '*' route)")
+        return routed
+
+    def legacy_type(self, msg: CanonicalMessage) -> str:
+        """The legacy type name of the message's most derived enclosed type with one."""
+        if not msg.enclosed_types:
+            raise BadRow("no NServiceBus.EnclosedMessageTypes header: the legacy system needs a type name")
+        for t in msg.enclosed_types:
+            for form in type_forms(t):
+                if form in self.legacy_names:
+                    return self.legacy_names[form]
+        raise BadRow(f"type {msg.enclosed_types[0]!r} has no legacy name; add "
+                     f"\"Legacy.Type, LegacyAssembly\" = \"{type_forms(msg.enclosed_types[0])[1]}\" to [types]")
+
+    def headers(self, msg: CanonicalMessage, values: dict[str, str]) -> dict[str, str]:
+        """The NServiceBus headers a legacy message keeps, renamed, dropped and set as mapped."""
+        rename = self.mapping.headers.rename
+        out: dict[str, str] = {}
+        for name, value in msg.headers.items():
+            if name.startswith("NServiceBus.") and name not in KEPT_NSB_HEADERS and name not in rename:
+                continue
+            if name.startswith(("QBridge.", "$.")):  # qbridge's own tags, NServiceBus diagnostics
+                continue
+            target = self.mapping.header_target(name, frozenset())
+            if target is not None:
+                out[target] = value
+        for name, template in self.mapping.headers.set.items():
+            out[name] = render_template(template, values, out)
+        return out

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import tempfile
+import uuid
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import orjson
 import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
@@ -14,9 +16,11 @@ from rich.table import Table
 from bridge import provision
 from bridge.config import load_config
 from bridge.db import dispose_all, engine_for
+from bridge.pipeline.inprocess import run_inprocess
 from bridge.pipeline.spark import run_spark
 from bridge.pipeline.loop import JobRunner
 from bridge.reconcile import verify
+from bridge.timefmt import to_wire, utcnow
 from bridge.samples import (
     biztalk_message,
     biztalk_store,
@@ -78,6 +82,15 @@ BIZTALK_MAPPING = """\
 namespaces = { "http://example.org/orders/properties" = "Orders" }
 """
 
+REVERSE_MAPPING = """\
+# NServiceBus endpoints address the legacy NGinn endpoint "Sender" as the proxy queue "Sales"
+[routes]
+"Sales" = "Sender"
+
+[types]
+"Orders.OrderAccepted, Orders" = "Orders.Messages.OrderAccepted, Orders.Messages"
+"""
+
 CONFIG = """\
 [connections]
 legacy = "sqlite:///{legacy}"
@@ -106,6 +119,13 @@ source   = {{ system = "biztalk", connection = "msgbox", queues = ["BizTalkServe
 target   = {{ connection = "nsb", flavor = "postgresql" }}
 mapping  = "biztalk-demo.toml"
 mode     = "copy"
+
+[[jobs]]
+name     = "nginn-replies"
+source   = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", queues = ["Sales"] }}
+target   = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
+mapping  = "reverse-demo.toml"
+mode     = "move"
 """
 
 
@@ -118,6 +138,7 @@ def build(directory: Path) -> Path:
     (directory / "nginn-demo.toml").write_text(MAPPING)
     (directory / "openjms-demo.toml").write_text(OPENJMS_MAPPING)
     (directory / "biztalk-demo.toml").write_text(BIZTALK_MAPPING)
+    (directory / "reverse-demo.toml").write_text(REVERSE_MAPPING)
     config = directory / "demo.toml"
     config.write_text(CONFIG.format(legacy=legacy.as_posix(), openjms=openjms.as_posix(), msgbox=msgbox.as_posix(), nsb=nsb.as_posix()))
     _openjms_store(openjms)
@@ -180,7 +201,7 @@ def run_demo(directory: str | None, console: Console) -> int:
         for p in provision.plan(config, config.jobs):
             created, _ = provision.create_missing(p)
             console.print(f"created {len(created)} NServiceBus and qbridge tables", markup=False)
-        runners = [JobRunner(config, job) for job in config.jobs]
+        runners = [JobRunner(config, job) for job in config.jobs if not job.reverse]
         totals = run_spark(config, runners, console=console, master="local[*]")
         t = Table(title="what moved")
         for col in ("legacy queue", "read", "delivered", "skipped", "quarantined"):
@@ -189,12 +210,44 @@ def run_demo(directory: str | None, console: Console) -> int:
             t.add_row(s.queue, str(s.read), str(s.delivered), str(s.skipped), str(s.quarantined))
         console.print(t)
         _show_target(runners[0], console)
-        books = [verify(r) for r in runners]
+        back = JobRunner(config, config.job("nginn-replies"))
+        _round_trip(runners[0], back, console)
+        books = [verify(r) for r in [*runners, back]]
         balanced = all(b.balanced for b in books)
         console.print(f"verify: {'balanced' if balanced else 'NOT balanced'}; quarantined rows keep their reason "
                       f"and raw content in qbridge_quarantine", markup=False)
         dispose_all()
         return 0 if balanced else 1
+
+
+def _round_trip(forward: JobRunner, back: JobRunner, console: Console) -> None:
+    """A migrated Orders endpoint takes one PlaceOrder and replies; the reverse job brings the
+    reply to the legacy NGinn endpoint that sent the request, as a row NGinn's receiver takes."""
+    engine = engine_for(forward.target_url)
+    orders, sales = forward.tables.queue("Orders"), forward.tables.queue("Sales")
+    with engine.begin() as conn:  # the transport's receive: the oldest row, deleted
+        first = conn.execute(sa.select(orders).order_by(orders.c.seq).limit(1)).mappings().one()
+        conn.execute(sa.delete(orders).where(orders.c.seq == first["seq"]))
+        request = orjson.loads(first["headers"])
+        reply = {
+            "NServiceBus.MessageId": str(uuid.uuid4()), "NServiceBus.MessageIntent": "Reply",
+            "NServiceBus.CorrelationId": request["NServiceBus.CorrelationId"],
+            "NServiceBus.ConversationId": request["NServiceBus.ConversationId"],
+            "NServiceBus.RelatedTo": request["NServiceBus.MessageId"],
+            "NServiceBus.EnclosedMessageTypes": "Orders.Messages.OrderAccepted, Orders.Messages, Version=1.0.0.0",
+            "NServiceBus.ContentType": "application/json", "NServiceBus.OriginatingEndpoint": "Orders",
+            "NServiceBus.ReplyToAddress": "Orders", "NServiceBus.TimeSent": to_wire(utcnow()),
+        }
+        conn.execute(sa.insert(sales).values(id=uuid.uuid4(), headers=orjson.dumps(reply).decode(),
+                                             body=b'{"OrderId":1,"Accepted":true}'))
+    console.print(f"NServiceBus endpoint Orders took {request['NServiceBus.MessageId']} and replied to "
+                  f"{request['NServiceBus.ReplyToAddress']!r}", markup=False, highlight=False)
+    run_inprocess([back], console=console)
+    table = back.target.table("Sender")
+    with engine_for(back.target_url).connect() as conn:
+        row = conn.execute(sa.select(table).where(table.c.unique_id == reply["NServiceBus.MessageId"])).mappings().one()
+    console.print(f"reply in NGinn table Sender: subqueue {row['subqueue']}, correlation_id {row['correlation_id']}, "
+                  f"to_endpoint {row['to_endpoint']}, msg_text {row['msg_text']}", markup=False, highlight=False)
 
 
 def _show_target(runner: JobRunner, console: Console) -> None:

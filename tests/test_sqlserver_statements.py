@@ -89,3 +89,45 @@ def test_checkpoint_lock_and_ledger_lookup() -> None:
 def test_sql_server_addresses() -> None:
     assert TargetTables("sqlserver", "dbo", "mssql", "nsb").address("Sales") == "Sales@[dbo]@[nsb]"
     assert TargetTables("sqlserver", "my]schema", "mssql").address("Sales") == "Sales@[my]]schema]"
+
+
+def _reverse_runner(tmp: Path):
+    (tmp / "m.toml").write_text('[routes]\n"Billing" = "Billing"\n')
+    (tmp / "c.toml").write_text("""[connections]
+legacy = "mssql+pyodbc://u:p@legacy-dsn"
+nsb = "mssql+pyodbc://u:p@nsb-dsn/shop"
+[[jobs]]
+name = "back"
+source = { system = "nservicebus", connection = "nsb", flavor = "sqlserver", queues = ["Billing"] }
+target = { system = "nginn", connection = "legacy", timezone = "UTC", schema = "dbo" }
+mapping = "m.toml"
+""")
+    from bridge.pipeline.loop import JobRunner
+
+    config = load_config(tmp / "c.toml")
+    return JobRunner(config, config.jobs[0])
+
+
+def test_reverse_job_receives_as_the_sql_server_transport(tmp_path: Path) -> None:
+    source = _reverse_runner(tmp_path).sources["Billing"]
+    stmt = sql(source._locked(source.queue_table, source.seq, 10))
+    # ReceiveText: `SELECT TOP(1) * FROM {0} WITH (UPDLOCK, READPAST, ROWLOCK) ORDER BY RowVersion`, then delete
+    assert "FROM dbo.[Billing] WITH (UPDLOCK, READPAST, ROWLOCK)" in stmt
+    assert stmt.startswith("SELECT TOP __[POSTCOMPILE_param_1]") and stmt.endswith('ORDER BY dbo.[Billing].[RowVersion]')
+    delayed = sql(source._locked(source.delayed_table, source.transport.column(source.delayed_table, "Due"), 10))
+    assert "FROM dbo.[Billing.Delayed] WITH (UPDLOCK, READPAST, ROWLOCK)" in delayed and delayed.endswith("[Due]")
+    delete = sql(sa.delete(source.queue_table).where(source.seq.in_([1, 2])))
+    assert delete.startswith("DELETE FROM dbo.[Billing] WHERE dbo.[Billing].[RowVersion] IN")
+
+
+def test_reverse_job_init_sql_for_sql_server(tmp_path: Path) -> None:
+    from bridge import provision
+
+    _reverse_runner(tmp_path)
+    config = load_config(tmp_path / "c.toml")
+    plans = {p.connection: p for p in provision.plan(config, config.jobs)}
+    assert plans["nsb"].names == ["Billing", "Billing.Delayed", "SubscriptionRouting"]
+    assert plans["legacy"].names == ["qbridge_ledger", "qbridge_checkpoint", "qbridge_quarantine", "Billing"]
+    legacy = "\n".join(provision.ddl(plans["legacy"]))
+    assert "CREATE TABLE dbo.[Billing] (\n\tid BIGINT NOT NULL IDENTITY" in legacy
+    assert "[RowVersion] BIGINT NOT NULL IDENTITY(1,1)" in "\n".join(provision.ddl(plans["nsb"]))

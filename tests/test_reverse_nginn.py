@@ -57,7 +57,7 @@ class TwoWay:
         self.write_config()
         self.endpoint = Endpoint(self.engine, nsb, "Orders", flavor)
 
-    def write_config(self, batch_size: int = 1000) -> None:
+    def write_config(self, batch_size: int = 1000, schedule: str = "") -> None:
         self.config.write_text(f"""
 [connections]
 legacy = "{self.url}"
@@ -69,6 +69,7 @@ source = {{ system = "nginn", connection = "legacy", queues = ["Orders"], timezo
 target = {{ connection = "nsb", flavor = "{self.flavor}", schema = "{self.nsb_schema}", database = "nsb" }}
 mapping = "forward.toml"
 mode = "move"
+{schedule}
 
 [[jobs]]
 name   = "to-legacy"
@@ -77,14 +78,15 @@ target = {{ system = "nginn", connection = "legacy", timezone = "{TZ}", schema =
 mapping = "reverse.toml"
 mode = "move"
 batch_size = {batch_size}
+{schedule}
 """)
 
     def cli(self, *args: str) -> int:
         return cli_main([args[0], "-c", str(self.config), *args[1:]])
 
-    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def spawn(self, *args: str, env: dict[str, str] | None = None, job: str | None = "to-legacy") -> subprocess.Popen[bytes]:
         """`qbridge ARGS --job to-legacy` in its own process (for the SIGKILL tests)."""
-        cmd = [sys.executable, "-m", "bridge.cli", args[0], "-c", str(self.config), *args[1:], "--job", "to-legacy"]
+        cmd = [sys.executable, "-m", "bridge.cli", args[0], "-c", str(self.config), *args[1:], *(["--job", job] if job else [])]
         return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def now_local(self) -> datetime:
@@ -285,3 +287,68 @@ mapping = "m.toml"
         (tmp_path / "c.toml").write_text(base + body)
         assert cli_main(["verify", "-c", str(tmp_path / "c.toml")]) == 2
         assert needle in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.postgres
+@pytest.mark.mariadb
+def test_reverse_into_nginn_on_mariadb(pg_server: str, pg_schema: str, mariadb_database: str, tmp_path: Path) -> None:
+    """The ledger lives beside the legacy rows it guards, here in MariaDB (through pyodbc)."""
+    (tmp_path / "reverse.toml").write_text(REVERSE_MAPPING)
+    config = tmp_path / "c.toml"
+    config.write_text(f"""
+[connections]
+nsb    = "{pg_server}"
+legacy = "{mariadb_database}"
+[[jobs]]
+name   = "to-legacy"
+source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Sender"] }}
+target = {{ system = "nginn", connection = "legacy", timezone = "{TZ}", alias = "db" }}
+mapping = "reverse.toml"
+batch_size = 2
+""")
+    assert cli_main(["init", "-c", str(config)]) == 0
+    engine = sa.create_engine(pg_server)
+    ep = Endpoint(engine, pg_schema, "Orders")
+    sent = [ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send", Tenant="acme") for _ in range(5)]
+    for i, h in enumerate(sent):
+        ep.send(ep.address("Sender"), h, orjson.dumps({"OrderId": i, "Name": "Zażółć"}))
+    assert cli_main(["sync", "-c", str(config), "--once"]) == 0
+    assert cli_main(["sync", "-c", str(config), "--once"]) == 0
+    legacy = sa.create_engine(mariadb_database)
+    table = create_nginn_queue(legacy, "Sender")
+    with legacy.connect() as conn:
+        rows = conn.execute(sa.select(table).order_by(table.c.id)).mappings().all()
+    legacy.dispose()
+    engine.dispose()
+    assert [r["unique_id"] for r in rows] == [h["NServiceBus.MessageId"] for h in sent]
+    assert orjson.loads(rows[0]["msg_text"]) == {"$type": "Orders.OrderAccepted, Orders", "OrderId": 0, "Name": "Zażółć"}
+    assert nginn_codec.parse_headers(rows[0]["msg_headers"])["X-Tenant"] == "acme"
+    assert cli_main(["verify", "-c", str(config)]) == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_one_run_serves_both_directions(two_way) -> None:
+    import signal
+    import time
+
+    tw = two_way()
+    tw.write_config(schedule='schedule = { every = "500ms" }')
+    proc = tw.spawn("run", job=None)
+    try:
+        with tw.engine.begin() as conn:
+            conn.execute(tw.orders.insert().values(nginn_row("Orders", 1, tw.now_local(), headers="_NG-ReplyTo=sql://db/Sender")))
+        deadline = time.monotonic() + 30
+        while (got := tw.endpoint.receive()) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the request never reached NServiceBus"
+            time.sleep(0.1)
+        tw.endpoint.reply(got[0], "Orders.Messages.OrderAccepted, Orders.Messages", b'{"OrderId":1}')
+        while (reply := tw.nginn_receive(tw.sender)) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "the reply never reached NGinn"
+            time.sleep(0.1)
+        assert reply["correlation_id"] == "corr-1"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"job=to-legacy queue=Sender rows=1 delivered=1" in err

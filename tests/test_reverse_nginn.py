@@ -167,6 +167,40 @@ def test_request_reply_round_trip(two_way) -> None:
 
 
 @pytest.mark.postgres
+def test_status_and_verify_of_a_reverse_job(two_way, capsys) -> None:
+    tw = two_way()
+    ep = Endpoint(tw.engine, tw.nsb_schema, "Orders")
+    for _ in range(3):
+        ep.send(ep.address("Sender"), ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send"), b'{"a":1}')
+    capsys.readouterr()
+    assert tw.cli("status", "--job", "to-legacy", "--json") == 0
+    before = orjson.loads(capsys.readouterr().out)["jobs"][0]
+    assert before["backlog"] == 3 and before["rows_moved"] == 0
+    assert tw.cli("sync", "--once", "--job", "to-legacy") == 0
+    capsys.readouterr()
+    assert tw.cli("status", "--job", "to-legacy", "--json") == 0
+    after = orjson.loads(capsys.readouterr().out)["jobs"][0]
+    assert after["backlog"] == 0 and after["rows_moved"] == 3 and after["last_run"]
+    assert tw.cli("verify", "--job", "to-legacy", "--json") == 0
+    books = orjson.loads(capsys.readouterr().out)["jobs"][0]["queues"][0]
+    assert (books["queue"], books["delivered"], books["backlog"], books["pending"]) == ("Sender", 3, 0, 0)
+    assert tw.cli("verify", "--job", "to-legacy", "--deep") == 2  # content hashes are for NServiceBus targets
+
+
+@pytest.mark.postgres
+def test_forward_job_does_not_echo_a_message_back_to_its_nservicebus_queue(two_way) -> None:
+    tw = two_way()
+    with tw.engine.begin() as conn:
+        conn.execute(tw.orders.insert().values(nginn_row("Orders", 1, tw.now_local(), headers="QBridge.Source=nservicebus://nsb/Orders/m-1")))
+        conn.execute(tw.orders.insert().values(nginn_row("Orders", 2, tw.now_local(), headers="QBridge.Source=nservicebus://nsb/Billing/m-2")))
+    assert tw.cli("sync", "--once", "--job", "from-legacy") == 0
+    assert tw.nsb_count("Orders") == 1  # only the one that came from another NServiceBus queue
+    with tw.engine.connect() as conn:
+        reason = conn.execute(sa.text(f"select reason from \"{tw.nsb_schema}\".qbridge_ledger where outcome = 'skipped'")).scalar_one()
+    assert reason.startswith("echo: the message came from nservicebus queue 'Orders'")
+
+
+@pytest.mark.postgres
 def test_publish_reaches_a_legacy_subscriber(two_way) -> None:
     tw = two_way()
     subs = create_nginn_subscriptions(tw.engine, schema=tw.legacy_schema)

@@ -196,7 +196,7 @@ def _properties(obj: Any) -> dict[str, dict[str, Any]]:
         return {}
     p = Payload(_expect(obj, PKG + "MessageProperties"))
     p.long()
-    return {name: typed(v) for name, v in sorted(hashmap(p.object()).items())}
+    return {name: typed(v) for name, v in hashmap(p.object()).items()}  # the HashMap's own order
 
 
 def hashmap(obj: Any) -> dict[str, Any]:
@@ -247,7 +247,7 @@ def _body(cls: str, p: Payload) -> dict[str, Any]:
             raise BlobError("TextMessage body is not a string")
         return {"text": text}
     if name == "MapMessageImpl":
-        return {"map": {k: typed(v) for k, v in sorted(hashmap(p.object()).items())}}
+        return {"map": {k: typed(v) for k, v in hashmap(p.object()).items()}}
     data = p.bytes(p.int())
     if name == "StreamMessageImpl":
         return {"values": stream_values(data)}

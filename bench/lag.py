@@ -24,6 +24,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
@@ -85,40 +86,36 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rate", type=int, default=500, help="messages per second (default 500)")
-    p.add_argument("--seconds", type=float, default=60, help="how long the writers write (default 60)")
-    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
-    args = p.parse_args()
-
-    from bridge.sources.nginn import queue_table
-
-    with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
-        for schema in (SRC, TGT):
+def measure(pg: str, schemas: tuple[str, ...], table: Any, mapping: str, config: str, rate: int, seconds: float,
+            produce: Any, observe: Any) -> tuple[dict, dict, list, float, int]:
+    """Fresh schemas and `table`, `qbridge init` and `qbridge run` on `config`, `produce(url, rate,
+    seconds, committed)` in a thread while `observe(url, arrived, duplicates, stop)` watches the
+    other side; then SIGTERM. Returns (committed, arrived, duplicates, rate held, run's exit code)."""
+    with psycopg.connect(libpq(pg), autocommit=True) as conn:
+        for schema in schemas:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             conn.execute(f'CREATE SCHEMA "{schema}"')
-    engine = sa.create_engine(args.pg)
-    queue_table(QUEUE, SRC).create(engine)
+    engine = sa.create_engine(pg)
+    table.create(engine)
     engine.dispose()
     with tempfile.TemporaryDirectory(prefix="qbridge-lag-") as tmp:
         work = Path(tmp)
-        (work / "mapping.toml").write_text(MAPPING)
+        (work / "mapping.toml").write_text(mapping)
         cfg = work / "lag.toml"
-        cfg.write_text(CONFIG.format(pg=args.pg, queue=QUEUE, tz="UTC", src=SRC, tgt=TGT))
+        cfg.write_text(config)
         subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], check=True, stdout=subprocess.DEVNULL)
         log = open(work / "run.log", "wb")
         run = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "-c", str(cfg)], stderr=log)
-        committed: dict[int, float] = {}
-        arrived: dict[int, float] = {}
-        duplicates: list[int] = []
-        wrote, stop = threading.Event(), threading.Event()
-        watch = threading.Thread(target=observer, args=(args.pg, arrived, duplicates, stop), daemon=True)
+        committed: dict = {}
+        arrived: dict = {}
+        duplicates: list = []
+        stop = threading.Event()
+        watch = threading.Thread(target=observe, args=(pg, arrived, duplicates, stop), daemon=True)
         watch.start()
         time.sleep(2)  # the scheduler's first (empty) pass and table checks
-        print(f"writing {args.rate} messages/s for {args.seconds:.0f} s ...", flush=True)
+        print(f"writing {rate} messages/s for {seconds:.0f} s ...", flush=True)
         started = time.monotonic()
-        write = threading.Thread(target=writer, args=(args.pg, args.rate, args.seconds, committed, wrote))
+        write = threading.Thread(target=produce, args=(pg, rate, seconds, committed))
         write.start()
         write.join()
         held = len(committed) / (time.monotonic() - started)
@@ -132,19 +129,45 @@ def main() -> None:
         log.close()
         if code != 0:
             print((work / "run.log").read_text()[-3000:])
+    return committed, arrived, duplicates, held, code
 
+
+def report(committed: dict, arrived: dict, duplicates: list, held: float, rate: int, code: int, what: str,
+           extra: str = "", ok: bool = True) -> None:
     lags = [arrived[k] - t for k, t in committed.items() if k in arrived]
     lost = len(committed) - len(lags)
     print(f"messages written {len(committed):,}; arrived {len(lags):,}; lost {lost}; doubled {len(duplicates)}; "
-          f"qbridge run exit {code}")
-    print(f"writers held {held:,.0f} messages/s (asked {args.rate})")
+          f"{extra}qbridge run exit {code}")
+    print(f"writers held {held:,.0f} messages/s (asked {rate})")
     if lags:
-        print(f"lag from legacy commit to NServiceBus table: p50 {statistics.median(lags):.3f} s  "
+        print(f"lag from {what}: p50 {statistics.median(lags):.3f} s  "
               f"p99 {percentile(lags, 99):.3f} s  max {max(lags):.3f} s")
-        print(f"goal p99 < 2 s with nothing lost: {'met' if percentile(lags, 99) < 2 and not lost and not duplicates else 'NOT met'}")
-    with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
-        for schema in (SRC, TGT):
+        met = percentile(lags, 99) < 2 and not lost and not duplicates and ok
+        print(f"goal p99 < 2 s with nothing lost: {'met' if met else 'NOT met'}")
+
+
+def drop(pg: str, schemas: tuple[str, ...]) -> None:
+    with psycopg.connect(libpq(pg), autocommit=True) as conn:
+        for schema in schemas:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=int, default=500, help="messages per second (default 500)")
+    p.add_argument("--seconds", type=float, default=60, help="how long the writers write (default 60)")
+    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
+    args = p.parse_args()
+
+    from bridge.sources.nginn import queue_table
+
+    done = threading.Event()
+    committed, arrived, duplicates, held, code = measure(
+        args.pg, (SRC, TGT), queue_table(QUEUE, SRC), MAPPING,
+        CONFIG.format(pg=args.pg, queue=QUEUE, tz="UTC", src=SRC, tgt=TGT), args.rate, args.seconds,
+        lambda url, rate, seconds, c: writer(url, rate, seconds, c, done), observer)
+    report(committed, arrived, duplicates, held, args.rate, code, "legacy commit to NServiceBus table")
+    drop(args.pg, (SRC, TGT))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import signal
-import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -29,14 +24,13 @@ from pathlib import Path
 
 import orjson
 import psycopg
-import sqlalchemy as sa
 
 _spec = importlib.util.spec_from_file_location("bench_lag", Path(__file__).with_name("lag.py"))
 assert _spec and _spec.loader
 lag = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lag)
 
-PG, libpq, percentile = lag.PG, lag.libpq, lag.percentile
+PG, libpq = lag.PG, lag.libpq
 NSB, LEGACY, PROXY = "qlagr_nsb", "qlagr_legacy", "Sender"
 MAPPING = """
 [routes]
@@ -110,60 +104,14 @@ def main() -> None:
 
     from bridge.sources.nginn import queue_table
 
+    committed, arrived, duplicates, held, code = lag.measure(
+        args.pg, (NSB, LEGACY), queue_table(PROXY, LEGACY), MAPPING,
+        CONFIG.format(pg=args.pg, nsb=NSB, legacy=LEGACY, proxy=PROXY), args.rate, args.seconds, sender, observer)
     with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
-        for schema in (NSB, LEGACY):
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            conn.execute(f'CREATE SCHEMA "{schema}"')
-    engine = sa.create_engine(args.pg)
-    queue_table(PROXY, LEGACY).create(engine)
-    engine.dispose()
-    with tempfile.TemporaryDirectory(prefix="qbridge-lagr-") as tmp:
-        work = Path(tmp)
-        (work / "mapping.toml").write_text(MAPPING)
-        cfg = work / "lag.toml"
-        cfg.write_text(CONFIG.format(pg=args.pg, nsb=NSB, legacy=LEGACY, proxy=PROXY))
-        subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], check=True, stdout=subprocess.DEVNULL)
-        log = open(work / "run.log", "wb")
-        run = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "-c", str(cfg)], stderr=log)
-        committed: dict[str, float] = {}
-        arrived: dict[str, float] = {}
-        duplicates: list[str] = []
-        stop = threading.Event()
-        watch = threading.Thread(target=observer, args=(args.pg, arrived, duplicates, stop), daemon=True)
-        watch.start()
-        time.sleep(2)
-        print(f"sending {args.rate} messages/s for {args.seconds:.0f} s ...", flush=True)
-        started = time.monotonic()
-        send = threading.Thread(target=sender, args=(args.pg, args.rate, args.seconds, committed))
-        send.start()
-        send.join()
-        held = len(committed) / (time.monotonic() - started)
-        deadline = time.monotonic() + 30
-        while len(arrived) < len(committed) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        stop.set()
-        watch.join()
-        run.send_signal(signal.SIGTERM)
-        code = run.wait(60)
-        log.close()
-        if code != 0:
-            print((work / "run.log").read_text()[-3000:])
-        with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
-            left = conn.execute(f'SELECT count(*) FROM "{NSB}"."{PROXY}"').fetchone()[0]
-
-    lags = [arrived[k] - t for k, t in committed.items() if k in arrived]
-    lost = len(committed) - len(lags)
-    print(f"messages sent {len(committed):,}; arrived {len(lags):,}; lost {lost}; doubled {len(duplicates)}; "
-          f"left in the proxy queue {left}; qbridge run exit {code}")
-    print(f"senders held {held:,.0f} messages/s (asked {args.rate})")
-    if lags:
-        print(f"lag from NServiceBus send to NGinn row: p50 {statistics.median(lags):.3f} s  "
-              f"p99 {percentile(lags, 99):.3f} s  max {max(lags):.3f} s")
-        met = percentile(lags, 99) < 2 and not lost and not duplicates and not left
-        print(f"goal p99 < 2 s with nothing lost: {'met' if met else 'NOT met'}")
-    with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
-        for schema in (NSB, LEGACY):
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        left = conn.execute(f'SELECT count(*) FROM "{NSB}"."{PROXY}"').fetchone()[0]
+    lag.report(committed, arrived, duplicates, held, args.rate, code, "NServiceBus send to NGinn row",
+               extra=f"left in the proxy queue {left}; ", ok=not left)
+    lag.drop(args.pg, (NSB, LEGACY))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,12 @@ LEGACY_SYSTEMS = SYSTEMS
 NSB = "nservicebus"
 
 
+def _valid_zone(value: str | None) -> str | None:
+    if value is not None:
+        zone(value)
+    return value
+
+
 class SourceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -46,12 +52,7 @@ class SourceConfig(BaseModel):
             raise ValueError("a queue is listed twice")
         return value
 
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str | None) -> str | None:
-        if value is not None:
-            zone(value)
-        return value
+    _zone = field_validator("timezone")(classmethod(lambda cls, value: _valid_zone(value)))
 
     @field_validator("schema_")
     @classmethod
@@ -83,12 +84,7 @@ class TargetConfig(BaseModel):
     def _names(cls, value: str | None) -> str | None:
         return None if value is None else check_name(value, "name")
 
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str | None) -> str | None:
-        if value is not None:
-            zone(value)
-        return value
+    _zone = field_validator("timezone")(classmethod(lambda cls, value: _valid_zone(value)))
 
     @field_validator("alias")
     @classmethod

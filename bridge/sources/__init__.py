@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from bridge.sources.base import Source, SourceRow, Subscription
 
@@ -18,12 +19,17 @@ __all__ = ["REGISTRY", "Source", "SourceRow", "Subscription", "source_class"]
 
 def source_class(system: str) -> type[Source]:
     """The Source class for `system`; a clear error for one qbridge cannot read yet."""
+    cls: type[Source] = lookup(REGISTRY, system, "source")
+    return cls
+
+
+def lookup(registry: dict[str, str], system: str, role: str) -> Any:
+    """The class a registry names for `system`, imported now; UsageError for an unknown one."""
     try:
-        target = REGISTRY[system]
+        where = registry[system]
     except KeyError:
         from bridge.errors import UsageError
 
-        raise UsageError(f"source system {system!r} is not supported yet (supported: {', '.join(REGISTRY)})") from None
-    module, _, name = target.partition(":")
-    cls: type[Source] = getattr(importlib.import_module(module), name)
-    return cls
+        raise UsageError(f"{role} system {system!r} is not supported yet (supported: {', '.join(registry)})") from None
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,12 +15,7 @@ REGISTRY: dict[str, str] = {
 
 def target_class(system: str) -> type[Target]:
     """The Target class for `system`; a clear error for one qbridge cannot write yet."""
-    try:
-        where = REGISTRY[system]
-    except KeyError:
-        from bridge.errors import UsageError
+    from bridge.sources import lookup
 
-        raise UsageError(f"target system {system!r} is not supported yet (supported: {', '.join(REGISTRY)})") from None
-    module, _, name = where.partition(":")
-    cls: type[Target] = getattr(importlib.import_module(module), name)
+    cls: type[Target] = lookup(REGISTRY, system, "target")
     return cls

@@ -101,6 +101,7 @@ class JobRunner:
         }
         for source in self.sources.values():
             source.configure(self.mapping)
+            source.due_only = not self.target.schedules
         self._ready: set[str] = set()
         self._version = 0
 
@@ -191,6 +192,7 @@ class JobRunner:
                  known: dict[str, str] | None = None) -> list:
         """Decodes, maps and writes `rows` with their ledger entries in the caller's target
         transaction; returns the keys move mode may consume once it commits."""
+        self.target.begin_batch(tconn)
         outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
         self.target.write(tconn, outs)
         try:

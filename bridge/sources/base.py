@@ -41,6 +41,9 @@ class Source:
     # Move mode takes quarantined rows out of the source too (they are kept in qbridge's
     # quarantine). Only for sources where a row left behind would be read again for ever.
     consumes_quarantined: ClassVar[bool] = False
+    # Set when the target cannot hold a message until its due time: delayed rows are read only
+    # once due (sources with a delayed store of their own).
+    due_only: bool = False
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         self.job = job

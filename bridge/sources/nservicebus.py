@@ -89,7 +89,11 @@ class NServiceBusSource(Source):
                 for r in conn.execute(self._locked(self.queue_table, self.seq, limit)).mappings()]
         if len(rows) < limit:
             due = col(self.delayed_table, "Due")
-            for r in conn.execute(self._locked(self.delayed_table, due, limit - len(rows))).mappings():
+            stmt = self._locked(self.delayed_table, due, limit - len(rows))
+            if self.due_only:  # the target cannot wait: leave a delayed message here until it is due
+                now = utcnow()
+                stmt = stmt.where(due <= (now if getattr(due.type, "timezone", False) else now.replace(tzinfo=None)))
+            for r in conn.execute(stmt).mappings():
                 rows.append(self._row(DELAYED, r[self.delayed_key.name], r, None, due.name))
         return rows
 

@@ -24,6 +24,7 @@ from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage
 from bridge.sources.base import ScanSource, SourceRow, Subscription
 from bridge.sources.openjms_schema import SCHEMA_VERSION, is_queue, tables
+from bridge.targets.echo import ECHO_HEADER
 from bridge.timefmt import UTC, utcnow
 
 DEFAULT_TYPES = {"Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage"}
@@ -206,6 +207,8 @@ class OpenJMSSource(ScanSource):
         props = jms.properties
         for name, prop in props.items():
             headers[f"{self.prefix}Property.{name}"] = property_text(prop)
+        if ECHO_HEADER in props:  # written by a reverse job: the echo guard reads it under its own name
+            headers[ECHO_HEADER] = property_text(props[ECHO_HEADER])
         if props:
             headers[f"{self.prefix}PropertyTypes"] = orjson.dumps({k: p["type"] for k, p in props.items()}).decode()
         body, content_type = self._body(jms, headers)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "nservicebus": "bridge.targets.nservicebus_target:NServiceBusTarget",
     "nginn": "bridge.targets.nginn:NGinnTarget",
+    "openjms": "bridge.targets.openjms:OpenJMSTarget",
 }
 
 

@@ -30,6 +30,9 @@ class Target:
     """One job's destination. Subclasses implement the primitives below."""
 
     system: ClassVar[str]
+    # Whether the target keeps a message until its due time itself; if not, a delayed message
+    # waits in the source until it is due.
+    schedules: ClassVar[bool] = True
 
     def __init__(self, job: JobConfig, url: str, mapping: Mapping) -> None:
         self.job = job
@@ -41,6 +44,9 @@ class Target:
     def state_schema(self) -> str | None:
         """Schema of qbridge's ledger, checkpoint and quarantine tables in this database."""
         raise NotImplementedError
+
+    def begin_batch(self, conn: sa.Connection) -> None:
+        """Reads what `envelope` needs from the target database, once per batch (nothing by default)."""
 
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> Any:
         """The row(s) `msg` becomes, or Skipped; raises BadRow when it cannot go anywhere."""

@@ -22,7 +22,10 @@ DOTNET_ERROR = (
 
 def create_nginn_queue(engine: sa.Engine, name: str, schema: str | None = None) -> sa.Table:
     t = queue_table(name, schema)
-    t.create(engine, checkfirst=True)
+    # Listing names, not `checkfirst`: MariaDB Connector/ODBC sometimes drops the "doesn't exist"
+    # error of a DESCRIBE on a non-ASCII name, which SQLAlchemy's has_table needs to see.
+    if name not in sa.inspect(engine).get_table_names(schema=schema):
+        t.create(engine)
     return t
 
 

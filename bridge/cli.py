@@ -99,6 +99,8 @@ def cmd_init(args: argparse.Namespace) -> int:
             for stmt in provision.ddl(p):
                 sep = "\nGO" if p.backend == "mssql" else ";"
                 out.print(stmt + sep + "\n", markup=False, highlight=False)
+            for note in provision.notes(p):
+                out.print(note + "\n", markup=False, highlight=False)
             continue
         created, existing = provision.create_missing(p)
         out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "

@@ -78,8 +78,9 @@ class TargetConfig(BaseModel):
     timezone: str | None = None
     database: str | None = None
     alias: str | None = None
+    table: str | None = None  # BizTalk targets: the staging table a WCF-SQL receive location polls
 
-    @field_validator("schema_", "error_queue", "audit_queue", "catalog")
+    @field_validator("schema_", "error_queue", "audit_queue", "catalog", "table")
     @classmethod
     def _names(cls, value: str | None) -> str | None:
         return None if value is None else check_name(value, "name")

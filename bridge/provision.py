@@ -16,6 +16,7 @@ from bridge.db import engine_for
 from bridge.errors import TargetSchemaError
 from bridge.state import state_tables
 from bridge.targets import target_class
+from bridge.targets.base import Target
 from bridge.targets.nservicebus import create_statements
 from bridge.targets.nservicebus_target import transport_tables
 
@@ -29,6 +30,7 @@ class TargetPlan:
     schema: str | None  # where the tables go (None: the database's default)
     label: str  # what the tables are for, in `--print-sql` output
     tables: list[sa.Table] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)  # whose notes go with the DDL
 
     @property
     def names(self) -> list[str]:
@@ -63,6 +65,7 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
             p.add(t)
         for t in target.tables():
             p.add(t)
+        p.targets.append(target)
         if job.reverse:
             src = job.source
             assert src.flavor is not None
@@ -79,6 +82,11 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
 def ddl(p: TargetPlan) -> list[str]:
     dialect = sa.create_engine(p.url).dialect
     return create_statements(p.tables, dialect)
+
+
+def notes(p: TargetPlan) -> list[str]:
+    dialect = sa.create_engine(p.url).dialect
+    return [n for t in p.targets for n in t.notes(dialect)]
 
 
 def create_missing(p: TargetPlan) -> tuple[list[str], list[str]]:

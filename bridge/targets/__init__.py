@@ -11,6 +11,7 @@ REGISTRY: dict[str, str] = {
     "nservicebus": "bridge.targets.nservicebus_target:NServiceBusTarget",
     "nginn": "bridge.targets.nginn:NGinnTarget",
     "openjms": "bridge.targets.openjms:OpenJMSTarget",
+    "biztalk": "bridge.targets.biztalk:BizTalkTarget",
 }
 
 

@@ -64,6 +64,10 @@ class Target:
         """Live subscriptions the legacy side holds (reverse jobs route them to proxy queues)."""
         return []
 
+    def notes(self, dialect: sa.Dialect) -> list[str]:
+        """SQL comments `init --print-sql` adds after the DDL (settings for the legacy side)."""
+        return []
+
     def tables(self) -> list[sa.Table]:
         """The tables of its own this target writes (for `init`), in one MetaData."""
         raise NotImplementedError

@@ -31,7 +31,7 @@ def _binary_type(column: sa.Column) -> str | None:
 
 _BINARY_TYPES = (
     (sa.Uuid, "uuid"), (sa.DateTime, "timestamp"), (sa.LargeBinary, "bytea"), (sa.Boolean, "bool"),
-    (sa.BigInteger, "int8"), (sa.Integer, "int4"), (sa.Float, "float8"), (sa.String, "text"),
+    (sa.BigInteger, "int8"), (sa.SmallInteger, "int2"), (sa.Integer, "int4"), (sa.Float, "float8"), (sa.String, "text"),
 )
 
 

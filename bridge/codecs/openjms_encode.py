@@ -9,9 +9,10 @@ decoded from a real blob encodes to the same bytes.
 from __future__ import annotations
 
 import base64
+import struct
 from typing import Any
 
-from bridge.codecs.javaser_write import SC_SERIALIZABLE, SC_WRITE_METHOD, Desc, Writer, externalizable
+from bridge.codecs.javaser_write import SC_SERIALIZABLE, SC_WRITE_METHOD, Desc, Writer, externalizable, mutf8
 from bridge.codecs.openjms_blob import PKG, JmsMessage
 
 CLIENT = "org.exolab.jms.client."
@@ -155,6 +156,33 @@ def _body(w: Writer, msg: JmsMessage, version: int | None) -> None:
     elif "map" in body:
         _map(w, body["map"])
     else:
-        data = base64.b64decode(body.get("base64", ""))
+        data = stream_bytes(body["values"]) if "values" in body else base64.b64decode(body.get("base64", ""))
         w.pack("i", len(data))
         w.raw(data)
+
+
+_STREAM_TAGS = {"java.lang.Byte": (2, ">b"), "java.lang.Short": (4, ">h"), "java.lang.Integer": (6, ">i"),
+                "java.lang.Long": (7, ">q"), "java.lang.Float": (8, ">f"), "java.lang.Double": (9, ">d")}
+
+
+def stream_bytes(values: list[dict[str, Any]]) -> bytes:
+    """StreamMessageImpl's typed encoding (the inverse of `openjms_blob.stream_values`)."""
+    out = bytearray()
+    for v in values:
+        kind = v["type"]
+        if kind is None:
+            out.append(0)
+        elif kind == "java.lang.Boolean":
+            out.append(1 | (0x10 if v["value"] else 0))
+        elif kind == "byte[]":
+            data = base64.b64decode(v["base64"])
+            out += bytes((3,)) + struct.pack(">i", len(data)) + data
+        elif kind == "java.lang.Character":
+            out += bytes((5,)) + v["value"].encode("utf-16-be")
+        elif kind == "java.lang.String":
+            data = mutf8(v["value"])
+            out += bytes((10,)) + struct.pack(">H", len(data)) + data
+        else:
+            tag, fmt = _STREAM_TAGS[kind]
+            out += bytes((tag,)) + struct.pack(fmt, v["value"])
+    return bytes(out)

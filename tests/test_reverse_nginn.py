@@ -386,3 +386,20 @@ def test_one_run_serves_both_directions(two_way) -> None:
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert b"job=to-legacy queue=Sender rows=1 delivered=1" in err
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_migrate_runs_both_directions(two_way) -> None:
+    """`migrate` on Spark: forward units on the executors, the proxy queue drained by the closing pass."""
+    tw = two_way()
+    with tw.engine.begin() as conn:
+        conn.execute(tw.orders.insert(), [nginn_row("Orders", i, tw.now_local()) for i in range(1, 41)])
+    ep = Endpoint(tw.engine, tw.nsb_schema, "Orders")
+    sent = [ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Reply") for _ in range(25)]
+    for h in sent:
+        ep.send(ep.address("Sender"), h, b'{"ok":true}')
+    assert tw.cli("migrate", "--master", "local[2]") == 0
+    assert tw.nsb_count("Orders") == 40 and tw.nsb_count("Sender") == 0
+    assert sorted(r["unique_id"] for r in tw.rows(tw.sender)) == sorted(h["NServiceBus.MessageId"] for h in sent)
+    assert tw.cli("verify") == 0

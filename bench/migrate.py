@@ -1,8 +1,9 @@
-"""Bulk migration speed and memory: qbridge on Spark, the in-process engine, and PostgreSQL's
-own bulk path, on the same seeded NGinn rows in one run.
+"""Bulk migration speed and memory: qbridge on Spark, the in-process engine, PostgreSQL's own
+bulk path and dlt, on the same seeded NGinn rows in one run.
 
-    python3 bench/migrate.py                 # N = 100k and 1M
-    python3 bench/migrate.py --rows 100000   # one size
+    python3 bench/migrate.py                        # N = 500k and 1M, every engine
+    python3 bench/migrate.py --rows 5000000 --engines ad
+    pip install -e '.[bench]'                       # dlt, for (e)
 
 Per N it seeds an NGinn queue table on the local PostgreSQL (70% ready, 10% delayed, 10%
 failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then times
@@ -10,9 +11,15 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
   (b) `qbridge sync --once` (the in-process engine),
   (c) `COPY (SELECT <the same column transformation>) TO STDOUT` piped into `COPY ... FROM STDIN`
       of NServiceBus-shaped tables, per destination table,
+  (d) the plain pipe: the ready rows' columns (id, headers text, body as bytes, times) with
+      `COPY ... TO STDOUT (FORMAT BINARY)` into `COPY ... FROM STDIN (FORMAT BINARY)` of a
+      same-shaped table, no transformation (what the database spends moving these bytes),
+  (e) dlt: `sql_table` (pyarrow backend) -> `postgres` destination (parquet loader files), the
+      whole table, as dlt's docs recommend for speed,
 each as its own process, sampling the summed RSS of its Python processes (driver and Spark's
-Python workers; the JVM is not a Python process) every 100 ms. Prints rows/s, a/c and b/c, and
-peak RSS; the goals are a/c >= 0.5 at 1M and peak RSS at 1M within 20% of that at 100k.
+Python workers; the JVM is not a Python process) every 100 ms. Prints rows/s, a/d (time),
+a/e (rows/s), a/c, peak RSS, and where (a)'s time went. Goals (issue 12): a/d <= 3.0 at 500k
+and 1M, a >= c, a >= 5x e, peak RSS at 1M within 20% of 500k.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pathlib import Path
 import psycopg
 
 PG = "postgresql+psycopg://127.0.0.1/test"
-SRC, TGT, REF = "qbench_src", "qbench_tgt", "qbench_ref"
+SRC, TGT, REF, DLT = "qbench_src", "qbench_tgt", "qbench_ref", "qbench_dlt"
 QUEUE = "MQueue1"
 TZ = "Europe/Warsaw"
 
@@ -108,6 +115,12 @@ _FAILURE = """jsonb_build_object(
     'NServiceBus.ExceptionInfo.Message', split_part(split_part(error_info, chr(13), 1), ': ', 2),
     'NServiceBus.ExceptionInfo.StackTrace', error_info,
     'NServiceBus.TimeOfFailure', to_char(last_processed, 'YYYY-MM-DD HH24:MI:SS:US') || ' Z')"""
+REF_TABLES = [
+    f'CREATE TABLE "{REF}"."{t}" (id uuid PRIMARY KEY, expires timestamp, headers text NOT NULL, body bytea, '
+    'seq serial NOT NULL UNIQUE)' for t in ("Orders", "error")  # as the PostgreSQL transport creates them
+] + [f'CREATE TABLE "{REF}"."Orders.Delayed" (id uuid PRIMARY KEY, headers text NOT NULL, body bytea, due timestamptz NOT NULL)',
+     f'CREATE INDEX ON "{REF}"."Orders.Delayed" (due)',
+     f'CREATE TABLE "{REF}"."plain" (id bigint, headers text, body bytea, insert_time timestamp, retry_time timestamp)']
 REFERENCE = [
     (f'SELECT gen_random_uuid(), NULL::timestamp, {_HEADERS}::text, convert_to(msg_text, \'UTF8\') '
      f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'', f'"{REF}"."Orders" (id, expires, headers, body)'),
@@ -116,6 +129,10 @@ REFERENCE = [
     (f'SELECT gen_random_uuid(), {_HEADERS}::text, convert_to(msg_text, \'UTF8\'), retry_time '
      f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'R\'', f'"{REF}"."Orders.Delayed" (id, headers, body, due)'),
 ]
+
+
+PLAIN = (f'SELECT id, msg_headers, convert_to(msg_text, \'UTF8\'), insert_time, retry_time FROM "{SRC}"."{QUEUE}" '
+         "WHERE subqueue = 'I'", f'"{REF}"."plain" (id, headers, body, insert_time, retry_time)')
 
 
 def libpq(url: str) -> str:
@@ -130,6 +147,33 @@ def reference(url: str) -> None:
                 for block in out:
                     into.write(block)
         dst.commit()
+
+
+def plain_pipe(url: str) -> None:
+    """(d), in its own process: one binary COPY-to-COPY pipe, no transformation."""
+    select, table = PLAIN
+    with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
+        with src.cursor().copy(f"COPY ({select}) TO STDOUT (FORMAT BINARY)") as out, \
+                dst.cursor().copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as into:
+            for block in out:
+                into.write(block)
+        dst.commit()
+
+
+def dlt_copy(url: str) -> None:
+    """(e), in its own process: dlt's sql_table -> postgres, its fast path (pyarrow, parquet)."""
+    import dlt
+    from dlt.sources.sql_database import sql_table
+
+    work = tempfile.mkdtemp(prefix="qbench-dlt-")
+    os.environ["DLT_DATA_DIR"] = work
+    # dlt wants a user and password in postgres credentials; trust auth ignores the password.
+    creds = libpq(url).replace("postgresql://", f"postgresql://{os.environ.get('USER', 'root')}:unused@", 1) \
+        if "@" not in url else libpq(url)
+    source = sql_table(credentials=creds, table=QUEUE, schema=SRC, backend="pyarrow", chunk_size=50_000)
+    pipeline = dlt.pipeline(pipeline_name="qbench", destination=dlt.destinations.postgres(credentials=creds),
+                            dataset_name=DLT, pipelines_dir=work)
+    pipeline.run(source, loader_file_format="parquet", write_disposition="replace")
 
 
 class RssSampler(threading.Thread):
@@ -174,7 +218,7 @@ class RssSampler(threading.Thread):
         return out
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, int]:
+def timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sampler = RssSampler(proc.pid)
@@ -185,7 +229,7 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, int]:
     sampler.join()
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{err.decode()[-3000:]}")
-    return seconds, sampler.peak
+    return seconds, sampler.peak, err.decode(errors="replace")
 
 
 def sql(url: str, *statements: str, **params: object) -> None:
@@ -206,6 +250,9 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
     subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
+ENGINES = "abcde"
+
+
 def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
     from bridge.sources.nginn import queue_table
     import sqlalchemy as sa
@@ -218,59 +265,92 @@ def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[floa
     sql(url, SEED, n=n)
     sql(url, f'ANALYZE "{SRC}"."{QUEUE}"')
     moved = n - n // 10  # processed rows are skipped by the mapping
+    ready = sum(1 for g in range(1, n + 1) if g % 10 < 7)
     results: dict[str, tuple[float, int, int]] = {}
-    py = sys.executable
+    py, me = sys.executable, str(Path(__file__).resolve())
     for name, schema, cmd in (
-        ("c", REF, [py, str(Path(__file__).resolve()), "--reference", url]),
-        ("a", TGT, [py, "-m", "bridge.cli", "migrate", "-c", str(work / f"{TGT}.toml")]),
+        ("d", REF, [py, me, "--plain", url]),
+        ("c", REF, [py, me, "--reference", url]),
+        ("e", DLT, [py, me, "--dlt", url]),
+        ("a", TGT, [py, "-m", "bridge.cli", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
         ("b", TGT, [py, "-m", "bridge.cli", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
     ):
         if name not in engines:
             continue
-        fresh_target(url, work, schema)
+        if schema == REF:
+            sql(url, f'DROP SCHEMA IF EXISTS "{REF}" CASCADE', f'CREATE SCHEMA "{REF}"', *REF_TABLES)
+        elif schema == DLT:
+            sql(url, f'DROP SCHEMA IF EXISTS "{DLT}" CASCADE')
+        else:
+            fresh_target(url, work, schema)
         sql(url, "CHECKPOINT")
-        seconds, peak = timed(cmd, work)
-        got = sum(count(url, f'"{schema}"."{t}"') for t in ("Orders", "Orders.Delayed", "error"))
-        if got != moved:
-            sys.exit(f"({name}) moved {got} rows, expected {moved}")
+        seconds, peak, err = timed(cmd, work)
+        if name == "d":
+            got, expected = count(url, f'"{REF}"."plain"'), ready
+        elif name == "e":
+            got, expected = count(url, f'"{DLT}"."m_queue1"'), n
+        else:
+            got = sum(count(url, f'"{schema}"."{t}"') for t in ("Orders", "Orders.Delayed", "error"))
+            expected = moved
+        if got != expected:
+            sys.exit(f"({name}) moved {got} rows, expected {expected}")
         results[name] = (seconds, peak, got)
         print(f"  ({name}) {seconds:7.1f} s  {got / seconds:9,.0f} rows/s  peak RSS {peak / 2**20:6.0f} MiB", flush=True)
+        if name == "a":
+            for line in err.splitlines():
+                if "where the time went" in line:
+                    print("      " + line.split("INFO qbridge.migrate ", 1)[-1], flush=True)
     return results
 
 
 def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
     print()
-    print(f"{'N':>10} {'(a) spark':>12} {'(b) in-proc':>12} {'(c) COPY':>12} {'a/c':>6} {'b/c':>6} "
-          f"{'RSS a':>8} {'RSS b':>8} {'RSS c':>8}   (rows/s; RSS in MiB)")
+    names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt"}
+    present = [k for k in ENGINES if all(k in r for r in table.values())]
+    head = f"{'N':>10} " + " ".join(f"{names[k]:>12}" for k in present)
+    ratios = [("a/d time", "a", "d"), ("a/c rate", "a", "c"), ("a/e rate", "a", "e")]
+    ratios = [r for r in ratios if r[1] in present and r[2] in present]
+    head += "".join(f" {r[0]:>9}" for r in ratios) + "".join(f" {'RSS ' + k:>8}" for k in present)
+    print(head + "   (rows/s; RSS in MiB)")
     for n, r in table.items():
-        rate = {k: r[k][2] / r[k][0] for k in r}
-        print(f"{n:>10,} {rate['a']:>12,.0f} {rate['b']:>12,.0f} {rate['c']:>12,.0f} {rate['a'] / rate['c']:>6.2f} "
-              f"{rate['b'] / rate['c']:>6.2f} {r['a'][1] / 2**20:>8.0f} {r['b'][1] / 2**20:>8.0f} {r['c'][1] / 2**20:>8.0f}")
+        rate = {k: r[k][2] / r[k][0] for k in present}
+        line = f"{n:>10,} " + " ".join(f"{rate[k]:>12,.0f}" for k in present)
+        for label, x, y in ratios:
+            value = r[x][0] / r[y][0] if label.endswith("time") else rate[x] / rate[y]
+            line += f" {value:>9.2f}"
+        line += "".join(f" {r[k][1] / 2**20:>8.0f}" for k in present)
+        print(line)
     if len(table) > 1:
         small, large = min(table), max(table)
-        for k in "abc":
-            print(f"peak RSS ({k}) at {large:,} / at {small:,}: {table[large][k][1] / table[small][k][1]:.2f}")
+        for k in present:
+            print(f"peak RSS ({k}) at {large:,} / at {small:,}: {table[large][k][1] / max(1, table[small][k][1]):.2f}"
+                  f";  rows/s at {large:,} / at {small:,}: "
+                  f"{(table[large][k][2] / table[large][k][0]) / (table[small][k][2] / table[small][k][0]):.2f}")
+    if "e" in present:
+        import dlt
+
+        print(f"(e) is dlt {dlt.__version__}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--rows", type=int, nargs="+", default=[500_000, 1_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
-    p.add_argument("--engines", default="abc", help="which of a, b, c to run (default all three)")
+    p.add_argument("--engines", default="adce", help="which of a, b, c, d, e to run (default a, c, d, e)")
     p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
+    p.add_argument("--plain", metavar="URL", help=argparse.SUPPRESS)
+    p.add_argument("--dlt", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.reference:
-        reference(args.reference)
-        return
+    for flag, run in ((args.reference, reference), (args.plain, plain_pipe), (args.dlt, dlt_copy)):
+        if flag:
+            run(flag)
+            return
     with tempfile.TemporaryDirectory(prefix="qbridge-bench-") as tmp:
         work = Path(tmp)
         (work / "mapping.toml").write_text(MAPPING)
         table = {n: run_size(args.pg, n, work, args.engines) for n in args.rows}
-    print()
-    if set(args.engines) == set("abc"):
-        summary(table)
-    sql(args.pg, f'DROP SCHEMA IF EXISTS "{SRC}" CASCADE', f'DROP SCHEMA IF EXISTS "{TGT}" CASCADE',
-        f'DROP SCHEMA IF EXISTS "{REF}" CASCADE')
+    summary(table)
+    sql(args.pg, *(f'DROP SCHEMA IF EXISTS "{s}" CASCADE' for s in (SRC, TGT, REF, DLT)))
 
 
 if __name__ == "__main__":

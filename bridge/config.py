@@ -131,7 +131,9 @@ class JobConfig(BaseModel):
     mapping: str
     mode: Literal["copy", "move"] = "copy"
     schedule: Schedule | None = None
-    batch_size: int = Field(default=1000, ge=1, le=2000)
+    # Rows per transaction. SQL Server caps a statement at 2100 parameters (a move-mode consume
+    # lists the batch's keys), so 2000 there; PostgreSQL, MariaDB and SQLite take up to 20000.
+    batch_size: int = Field(default=1000, ge=1, le=20_000)
     # How long an id gap may stay open before qbridge stops waiting for a late commit.
     late_commit_window: str = "15m"
 
@@ -183,12 +185,28 @@ class ConfigFile(BaseModel):
             if job.source.system == "nginn" and job.source.timezone is None:
                 problems.append(f"jobs[{i}].source.timezone: required for nginn (NGinn stores server-local times); give the legacy server's IANA zone, e.g. \"Europe/Warsaw\"")
             problems.extend(_direction_problems(i, job))
+            if job.batch_size > MSSQL_BATCH_MAX:
+                on_mssql = [side for side, conn in (("source", job.source.connection), ("target", job.target.connection))
+                            if _backend(self.connections.get(conn, "")) == "mssql"]
+                if on_mssql:
+                    problems.append(f"jobs[{i}].batch_size: {job.batch_size} is more than SQL Server takes in one statement "
+                                    f"(the {on_mssql[0]} is SQL Server); at most {MSSQL_BATCH_MAX}")
         for name, url in self.connections.items():
             try:
                 make_url(url)
             except Exception:
                 problems.append(f"connections.{name}: not a SQLAlchemy URL (expected e.g. postgresql+psycopg://host/db)")
         return problems
+
+
+MSSQL_BATCH_MAX = 2000
+
+
+def _backend(url: str) -> str | None:
+    try:
+        return make_url(url).get_backend_name()
+    except Exception:
+        return None
 
 
 def _direction_problems(i: int, job: JobConfig) -> list[str]:

@@ -102,6 +102,14 @@ def sqlstate(error: sa_exc.DBAPIError) -> str | None:
     return None
 
 
+def unique_violation(error: sa_exc.IntegrityError) -> bool:
+    """A duplicate key (not a NULL or check violation): another delivery of the same message."""
+    state = sqlstate(error)
+    if state is not None:
+        return state in ("23505", "23000") and not re.search(r"null|check", str(error.orig), re.IGNORECASE)
+    return bool(re.search(r"unique|duplicate", str(error.orig), re.IGNORECASE))
+
+
 def describe(error: BaseException, name: str, url: str) -> BridgeError:
     """A one-line, password-free error for a failure talking to database `name`."""
     detail = str(getattr(error, "orig", None) or error).strip().splitlines()

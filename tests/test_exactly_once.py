@@ -168,3 +168,16 @@ def test_two_jobs_reading_one_queue_at_once_deliver_each_message_once(make) -> N
         assert p.returncode == 0, err.decode()
     _exactly_once(b, 600)
     assert b.cli("verify") == 0
+
+
+@pytest.mark.postgres
+def test_a_range_delivered_before_is_caught_by_the_ledger_without_a_lookup(make) -> None:
+    """Spark units insert without looking the ledger up first; a message delivered already
+    collides on its key, and the batch is redone with the lookup: nothing twice, nothing lost."""
+    b = make(batch_size=20)
+    ids = b.insert(b.ready(50))
+    first = b.runner().run_range("MQueue1", None, ids[29])
+    assert (first.stats.delivered, first.stats.already) == (30, 0)
+    again = b.runner().run_range("MQueue1", None, ids[-1])  # a new process: optimistic again
+    assert (again.stats.delivered, again.stats.already) == (20, 30)
+    assert b.count("Orders") == 50 and b.ledger()["delivered"] == 50

@@ -20,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 
 from bridge import faults
 from bridge.config import Config, JobConfig
-from bridge.db import describe, engine_for
+from bridge.db import describe, engine_for, unique_violation
 from bridge.errors import BadRow, RetryableError
 from bridge.identifiers import url_identity
 from bridge.model import message_id_for
@@ -51,9 +51,13 @@ class PassStats:
     more: bool = False  # the batch was full: more rows wait
     lag_seconds: float | None = None
     seconds: float = 0.0
+    # where the seconds went: reading the source, decoding and mapping in Python, writing and committing
+    t_read: float = 0.0
+    t_map: float = 0.0
+    t_write: float = 0.0
 
     def add(self, other: PassStats) -> None:
-        for name in ("read", "delivered", "skipped", "quarantined", "already", "consumed", "seconds"):
+        for name in ("read", "delivered", "skipped", "quarantined", "already", "consumed", "seconds", "t_read", "t_map", "t_write"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.gaps_open = other.gaps_open
         self.gaps_given_up.extend(other.gaps_given_up)
@@ -72,6 +76,10 @@ class RangeResult:
 def database_identity(job: JobConfig, url: str) -> str:
     """The name that, with system, queue and key, makes a message's deterministic id."""
     return job.source.database or url_identity(url)
+
+
+class LedgerConflict(RetryableError):
+    """A message of the batch is in the ledger already: delivered by another pass or process."""
 
 
 class JobRunner:
@@ -104,6 +112,10 @@ class JobRunner:
             source.due_only = not self.target.schedules
         self._ready: set[str] = set()
         self._version = 0
+        # Queues whose planned ranges are taken to be new to the ledger: their batches insert
+        # without looking the ledger up first, and the ledger's primary key catches the rare
+        # message delivered already (the batch is then redone with the lookup, and so is the rest).
+        self._optimistic: set[str] = set()
 
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
         return message_id_for(source.system, self.database, source.queue, source.ledger_key(row))
@@ -193,12 +205,16 @@ class JobRunner:
         """Decodes, maps and writes `rows` with their ledger entries in the caller's target
         transaction; returns the keys move mode may consume once it commits."""
         self.target.begin_batch(tconn)
+        mapped = time.perf_counter()
         outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
-        self.target.write(tconn, outs)
+        stats.t_map += time.perf_counter() - mapped
         try:
+            self.target.write(tconn, outs)
             self.state.record(tconn, self.job.name, source.queue, entries, quarantined)
-        except sa_exc.IntegrityError:
-            raise RetryableError(
+        except sa_exc.IntegrityError as e:
+            if not unique_violation(e):
+                raise
+            raise LedgerConflict(
                 f"another qbridge process delivered messages of {source.queue!r} at the same time; the batch is rolled back and retried"
             ) from None
         return consume
@@ -211,6 +227,8 @@ class JobRunner:
         source = self.sources[queue]
         result = RangeResult(PassStats(queue))
         cursor = after
+        if faults.attempt in (None, 0):  # a retried task has delivered some of its range already
+            self._optimistic.add(queue)
         while True:
             rows = self._range_batch(source, cursor, upto, result.stats)
             now = time.time()
@@ -249,10 +267,25 @@ class JobRunner:
         rows: list[SourceRow] = []
 
         def deliver(sconn: sa.Connection) -> list:
+            begun = time.perf_counter()
             rows.extend(fetch(sconn, lock))
-            with self.target_engine.connect() as tconn, tconn.begin():
-                consume = self._deliver(tconn, source, rows, lock, stats)
-                faults.reached("before_target_commit")
+            fetched = time.perf_counter()
+            stats.t_read += fetched - begun
+            while True:
+                optimistic = source.queue in self._optimistic
+                attempt = PassStats(source.queue)  # counts of a batch that rolls back are dropped
+                try:
+                    with self.target_engine.connect() as tconn, tconn.begin():
+                        consume = self._deliver(tconn, source, rows, lock, attempt, {} if optimistic else None)
+                        faults.reached("before_target_commit")
+                    break
+                except LedgerConflict:
+                    if not optimistic:
+                        raise
+                    self._optimistic.discard(source.queue)
+            stats.add(attempt)
+            stats.lag_seconds = attempt.lag_seconds
+            stats.t_write += time.perf_counter() - fetched - attempt.t_map
             return consume
 
         self._in_source_tx(source, stats, deliver)

@@ -201,9 +201,12 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
     # The JVM takes seconds to start: let it while the tables are checked and the units planned.
     starting: dict[str, Any] = {}
 
+    began = time.monotonic()
+
     def start() -> None:
         try:
             starting["spark"] = spark_session(master)
+            starting["ready"] = time.monotonic() - began
         except BaseException as e:
             starting["error"] = e
 
@@ -233,9 +236,23 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
         sc.setLogLevel("ERROR")
         if sc.uiWebUrl:
             console.print(f"Spark UI: {sc.uiWebUrl}  (master {sc.master})", markup=False, highlight=False)
-        return _run(config, plans, units, console, sc, attempts)
+        planned = time.monotonic() - began
+        totals = _run(config, plans, units, console, sc, attempts)
+        _where_the_time_went(starting.get("ready", planned), planned, time.monotonic() - began, totals, sc)
+        return totals
     finally:
         spark.stop()
+
+
+def _where_the_time_went(jvm: float, planned: float, total: float, totals: list[PassStats], sc: Any) -> None:
+    """One line: JVM start and planning (overlapped), then the units' time split by what the
+    tasks did (summed over tasks, so it can exceed the wall time on several slots)."""
+    read = sum(t.t_read for t in totals)
+    python = sum(t.t_map for t in totals)
+    write = sum(t.t_write for t in totals)
+    log.info("where the time went: %.1fs in all; JVM start %.1fs with checks and planning alongside (ready to run "
+             "at %.1fs); then on %s task slots: source reads %.1fs, Python decode+map %.1fs, target writes+commits "
+             "%.1fs (summed over tasks)", total, jvm, planned, sc.defaultParallelism, read, python, write)
 
 
 def _local_cores(master: str | None) -> int | None:

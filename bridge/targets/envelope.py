@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import uuid
 from datetime import datetime
 from typing import Literal, NamedTuple
 
@@ -29,6 +30,9 @@ class Outgoing(NamedTuple):
     body: bytes | None
     expires: datetime | None = None
     due: datetime | None = None
+    # The transport's own senders give each row a fresh Guid; qbridge gives it the message id
+    # (unique per delivery, which the ledger makes single), sparing a random number per row.
+    row_id: uuid.UUID | None = None
 
 
 def envelope(
@@ -92,7 +96,7 @@ def envelope(
     }
     for name, template in mapping.headers.set.items():
         headers[name] = render_template(template, values, headers)
-    return Outgoing(kind=kind, queue=queue, headers=headers, body=msg.body, expires=expires, due=due)
+    return Outgoing(kind=kind, queue=queue, headers=headers, body=msg.body, expires=expires, due=due, row_id=msg.message_id)
 
 
 def part_headers(msg: CanonicalMessage) -> dict[str, str]:

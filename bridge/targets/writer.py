@@ -60,11 +60,11 @@ class TargetWriter:
         t_headers = headers_json(out.headers)
         if self.tables.flavor == "postgresql":
             if kind == "delayed":
-                return {"id": uuid.uuid4(), "headers": t_headers, "body": out.body, "due": out.due}
-            return {"id": uuid.uuid4(), "expires": _naive_utc(out.expires), "headers": t_headers, "body": out.body}
+                return {"id": out.row_id or uuid.uuid4(), "headers": t_headers, "body": out.body, "due": out.due}
+            return {"id": out.row_id or uuid.uuid4(), "expires": _naive_utc(out.expires), "headers": t_headers, "body": out.body}
         if kind == "delayed":
             return {"Headers": t_headers, "Body": out.body, "Due": _naive_utc(out.due)}
-        row: dict[str, Any] = {"Id": uuid.uuid4(), "Expires": _naive_utc(out.expires), "Headers": t_headers, "Body": out.body}
+        row: dict[str, Any] = {"Id": out.row_id or uuid.uuid4(), "Expires": _naive_utc(out.expires), "Headers": t_headers, "Body": out.body}
         # Tables created by transport 7+ still have Recoverable (NOT NULL, no default); older
         # hand-made ones may not, and the transport itself checks before inserting.
         if "Recoverable" in have:

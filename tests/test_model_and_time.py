@@ -65,3 +65,13 @@ def test_timespan_and_durations() -> None:
     assert parse_duration("15m") == 900 and parse_duration("500ms") == 0.5
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration("soon")
+
+
+def test_message_ids_are_rfc_4122_uuid5() -> None:
+    import uuid as _uuid
+
+    from bridge.model import MESSAGE_ID_NAMESPACE, message_id_for
+
+    for key in ("1", "ID:abc#5", "zażółć", "x" * 300, "a/b/c"):
+        expected = _uuid.uuid5(MESSAGE_ID_NAMESPACE, f"nginn/LegacyDb/MQueue1/{key}")
+        assert message_id_for.__wrapped__("nginn", "LegacyDb", "MQueue1", key) == expected

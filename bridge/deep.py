@@ -48,7 +48,7 @@ def _target_digests(runner: JobRunner, tconn: sa.Connection, tables: set[str]) -
         table = runner.tables.delayed(name[: -len(".Delayed")]) if name.endswith(".Delayed") else runner.tables.queue(name)
         headers_col, body_col = runner.tables.column(table, "Headers"), runner.tables.column(table, "Body")
         stmt = sa.select(headers_col, body_col)
-        for headers, body in tconn.execution_options(stream_results=True, yield_per=2000).execute(stmt):
+        for headers, body in tconn.execute(stmt.execution_options(stream_results=True, yield_per=2000)):
             parsed = orjson.loads(headers)
             mid = parsed.get("NServiceBus.MessageId")
             if mid:

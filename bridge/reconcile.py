@@ -88,35 +88,9 @@ def _books(runner: JobRunner) -> JobBooks:
                 books.append(b)
                 continue
             cp = checkpoints.get(queue)
-            high = cp.high if cp else None
-            b.backlog = source.count_after(sconn, high)
-            ledger = dict(runner.state.ledger_keys(tconn, job, queue))
-            if high is not None:
-                gaps = cp.gaps if cp else []
-                seen: set[str] = set()
-                unexplained: list[str] = []
-                for key in source.keys_upto(sconn, high):
-                    b.source_rows += 1
-                    k = str(key)
-                    outcome = ledger.get(k)
-                    if outcome is not None:
-                        seen.add(k)
-                        setattr(b, outcome, getattr(b, outcome) + 1)
-                    elif any(g.lo <= key <= g.hi for g in gaps):
-                        b.pending += 1
-                    else:
-                        unexplained.append(k)
-                b.source_gone = len(ledger) - len(seen)
-                # A message may be in the ledger under another job that reads the same queue.
-                elsewhere = _outcomes_by_id(runner, tconn, source, unexplained)
-                for k in unexplained:
-                    outcome = elsewhere.get(k)
-                    if outcome:
-                        setattr(b, outcome, getattr(b, outcome) + 1)
-                    else:
-                        b.missing += 1
-                        if len(b.missing_keys) < 20:
-                            b.missing_keys.append(k)
+            b.backlog = source.count_after(sconn, cp.high if cp else None)
+            if cp is not None and cp.high is not None:
+                _monotonic_books(runner, tconn, sconn, source, cp, b)
             books.append(b)
         subs = {s for source in runner.sources.values() for s in source.subscriptions(sconn)}
         unroutable = [
@@ -128,16 +102,65 @@ def _books(runner: JobRunner) -> JobBooks:
     return JobBooks(job, books, unroutable)
 
 
+CHUNK = 10_000  # keys held at once: verify streams both sides, whatever the queue's size
+
+
+def _monotonic_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any,
+                     b: QueueBooks) -> None:
+    """Source keys up to the checkpoint merged with the job's ledger, both streamed in key order."""
+    ledger = iter(runner.state.ledger_keys(tconn, runner.job.name, source.queue, numeric=True))
+    entry = next(ledger, None)
+    unexplained: list[str] = []
+    for key in source.keys_upto(sconn, cp.high):
+        b.source_rows += 1
+        while entry is not None and int(entry[0]) < key:
+            b.source_gone += 1  # in the ledger, no longer in the source (legacy cleanup)
+            entry = next(ledger, None)
+        if entry is not None and int(entry[0]) == key:
+            setattr(b, entry[1], getattr(b, entry[1]) + 1)
+            entry = next(ledger, None)
+        elif any(g.lo <= key <= g.hi for g in cp.gaps):
+            b.pending += 1
+        else:
+            unexplained.append(str(key))
+            if len(unexplained) >= CHUNK:
+                _explain(runner, tconn, source, unexplained, b)
+                unexplained = []
+    b.source_gone += sum(1 for _ in ledger) + (entry is not None)
+    _explain(runner, tconn, source, unexplained, b)
+
+
+def _explain(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str], b: QueueBooks) -> None:
+    """Keys not in this job's ledger: another job reading the same queue may have them; else missing."""
+    elsewhere = _outcomes_by_id(runner, tconn, source, keys)
+    for k in keys:
+        outcome = elsewhere.get(k)
+        if outcome:
+            setattr(b, outcome, getattr(b, outcome) + 1)
+        else:
+            b.missing += 1
+            if len(b.missing_keys) < 20:
+                b.missing_keys.append(k)
+
+
+def _chunks(keys: Any) -> Any:
+    chunk: list[str] = []
+    for k in keys:
+        chunk.append(str(k))
+        if len(chunk) >= CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, b: QueueBooks) -> None:
     """A scan source has no checkpoint: each row there now is in an outcome or in the backlog."""
-    keys = [str(k) for k in source.scan_keys(sconn)]
-    outcomes = _outcomes_by_id(runner, tconn, source, keys)
-    for k in keys:
-        outcome = outcomes.get(k)
-        if outcome is None:
-            b.backlog += 1
-        else:
-            b.source_rows += 1
+    for keys in _chunks(source.iter_keys(sconn)):
+        outcomes = _outcomes_by_id(runner, tconn, source, keys)
+        b.backlog += len(keys) - len(outcomes)
+        b.source_rows += len(outcomes)
+        for outcome in outcomes.values():
             setattr(b, outcome, getattr(b, outcome) + 1)
 
 
@@ -165,8 +188,7 @@ def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, so
     if source.cursor == "queue":
         return source.count_after(sconn, None)
     if source.cursor == "scan":
-        keys = [str(k) for k in source.scan_keys(sconn)]
-        return len(keys) - len(_outcomes_by_id(runner, tconn, source, keys))
+        return sum(len(keys) - len(_outcomes_by_id(runner, tconn, source, keys)) for keys in _chunks(source.iter_keys(sconn)))
     return source.count_after(sconn, cp.high if cp else None)
 
 

@@ -237,7 +237,10 @@ class State:
             out.setdefault(queue, {})[reason or "(no reason recorded)"] = int(n)
         return out
 
-    def ledger_keys(self, conn: sa.Connection, job: str, queue: str) -> Iterable[tuple[str, str]]:
+    def ledger_keys(self, conn: sa.Connection, job: str, queue: str, numeric: bool = False) -> Iterable[tuple[str, str]]:
+        """(source key, outcome) of a job's queue, streamed; `numeric` orders them by the key as a number."""
         l = self.ledger
         stmt = sa.select(l.c.source_key, l.c.outcome).where(l.c.job == job, l.c.queue == queue)
-        yield from conn.execution_options(stream_results=True, yield_per=10_000).execute(stmt)
+        if numeric:
+            stmt = stmt.order_by(sa.cast(l.c.source_key, sa.BigInteger))
+        yield from conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000))

@@ -35,6 +35,18 @@ from bridge.targets.writer import TargetWriter
 from bridge.timefmt import utcnow
 
 log = logging.getLogger("qbridge.batch")
+SCAN_CHUNK = 10_000  # keys a scan pass holds at once
+
+
+def _chunked(items: Any, size: int) -> Any:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 @dataclass
@@ -313,14 +325,36 @@ class JobRunner:
 
     def _scan(self, sconn: sa.Connection, tconn: sa.Connection, source: Source, lock: bool
               ) -> tuple[list[SourceRow], bool, list, dict[str, str]]:
-        """A source without an increasing key: list every row's key, and let the ledger say
-        which are new. In move mode, rows delivered earlier but still there are consumed."""
-        keys = source.scan_keys(sconn)
-        ids, known = self.ledger_lookup(tconn, source, keys)
-        todo = [k for k in keys if ids[k] not in known]
-        leftovers = [k for k in keys if known.get(ids[k]) in ("delivered", "skipped")] if lock else []
-        batch = todo[: self.job.batch_size]
-        return source.fetch_keys(sconn, batch, lock), len(todo) > len(batch), leftovers, known
+        """A source without an increasing key: walk every row's key, in chunks, and let the ledger
+        say which are new, until one batch of new keys is found (memory stays bounded by a chunk
+        and a batch, whatever the store holds). In move mode, rows delivered earlier but still
+        there are consumed."""
+        todo: list[Any] = []
+        leftovers: list[Any] = []
+        size = self.job.batch_size
+        more = False
+        keys = source.iter_keys(sconn)
+        try:
+            for chunk in _chunked(keys, SCAN_CHUNK):
+                ids, seen = self.ledger_lookup(tconn, source, chunk)
+                for k in chunk:
+                    outcome = seen.get(ids[k])
+                    if outcome is None:
+                        if len(todo) < size:
+                            todo.append(k)
+                        else:
+                            more = True
+                    elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
+                        leftovers.append(k)
+                if more and not lock:
+                    break
+        finally:
+            close = getattr(keys, "close", None)
+            if close:
+                close()
+        # Every key in `todo` was unknown to the ledger: the batch needs no second lookup (a
+        # racing process is caught by the ledger's primary key, and the pass is retried).
+        return source.fetch_keys(sconn, todo, lock), more, leftovers, {}
 
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
                  known: dict[str, str] | None = None

@@ -136,11 +136,15 @@ class ScanSource(Source):
 
     cursor: ClassVar[str] = "scan"
 
+    def iter_keys(self, conn: sa.Connection) -> Iterator[Any]:
+        """Every key, oldest first, streamed (bounded memory for verify, backlog and planning)."""
+        yield from self.scan_keys(conn)
+
     def count_after(self, conn: sa.Connection, after: int | None) -> int:
-        return len(self.scan_keys(conn))
+        return sum(1 for _ in self.iter_keys(conn))
 
     def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[Any]:
-        yield from self.scan_keys(conn)
+        yield from self.iter_keys(conn)
 
     def max_key(self, conn: sa.Connection) -> int | None:
         return None

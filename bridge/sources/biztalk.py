@@ -9,7 +9,7 @@ entries are new. Message data stays in Spool / MessageParts / Parts / Fragments.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import orjson
@@ -82,11 +82,14 @@ class BizTalkSource(ScanSource):
 
     # -- reading ---------------------------------------------------------------------------
     def scan_keys(self, conn: sa.Connection) -> list[str]:
-        keys = []
+        return list(self.iter_keys(conn))
+
+    def iter_keys(self, conn: sa.Connection) -> Iterator[str]:
+        """Work-queue then suspended-queue entries, streamed."""
         for prefix, table in (("Q", self.work), ("S", self.suspended)):
             stmt = sa.select(table.c.uidMessageID, table.c.uidInstanceID).order_by(table.c.uidMessageID, table.c.uidInstanceID)
-            keys += [f"{prefix}:{m}:{i}" for m, i in conn.execute(stmt)]
-        return keys
+            for m, i in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
+                yield f"{prefix}:{m}:{i}"
 
     @staticmethod
     def _split(key: str) -> tuple[str, uuid.UUID, uuid.UUID]:

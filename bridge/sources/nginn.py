@@ -154,7 +154,7 @@ class NGinnSource(Source):
 
     def _stream_keys(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> Iterator[int]:
         stmt = sa.select(self.table.c.id).where(where).order_by(self.table.c.id)
-        for (key,) in conn.execution_options(stream_results=True, yield_per=10_000).execute(stmt):
+        for (key,) in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
             yield int(key)
 
     # -- move mode -------------------------------------------------------------------------

@@ -127,7 +127,7 @@ class NServiceBusSource(Source):
         for table, key, kind in ((self.queue_table, self.seq, QUEUE), (self.delayed_table, self.delayed_key, DELAYED)):
             headers = col(table, "Headers")
             stmt = sa.select(key, headers).with_hint(table, "WITH (READPAST)", "mssql")
-            for k, text in conn.execution_options(stream_results=True, yield_per=2000).execute(stmt):
+            for k, text in conn.execute(stmt.execution_options(stream_results=True, yield_per=2000)):
                 yield self.ledger_key(self._row(kind, k, {key.name: k, headers.name: text, col(table, "Body").name: None}, None, None))
 
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:

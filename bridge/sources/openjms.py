@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -130,9 +130,14 @@ class OpenJMSSource(ScanSource):
         return f"{message_id}#{int(consumer_id)}"
 
     def scan_keys(self, conn: sa.Connection) -> list[str]:
-        """Every handle of this destination, oldest first, as keys (no blobs)."""
-        stmt = self._handles(False).with_only_columns(self.t["message_handles"].c.messageid, self.t["message_handles"].c.consumerid)
-        return [self.key_of(mid, cid) for mid, cid in conn.execute(stmt)]
+        return list(self.iter_keys(conn))
+
+    def iter_keys(self, conn: sa.Connection) -> Iterator[str]:
+        """Every handle of this destination, oldest first, as keys (no blobs), streamed."""
+        h = self.t["message_handles"]
+        stmt = self._handles(False).with_only_columns(h.c.messageid, h.c.consumerid)
+        for mid, cid in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
+            yield self.key_of(mid, cid)
 
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
         if not keys:

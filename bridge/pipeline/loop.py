@@ -271,6 +271,30 @@ class JobRunner:
                          f"job {self.job.name} queue {queue} keys {chunk[0]}..{chunk[-1]}")
         return result
 
+    def run_slice(self, queue: str, after: Any, upto: Any) -> RangeResult:
+        """A scan source's slice (keys sorted after `after`, up to `upto`): streamed in batches,
+        each looked up in the ledger, only the new ones read and delivered."""
+        source = self.sources[queue]
+        result = RangeResult(PassStats(queue))
+        size = self.job.batch_size
+        cursor = after
+        while True:
+            with self.source_engine.connect() as kconn:
+                chunk, last = source.slice_page(kconn, cursor, upto, size)
+            if not chunk:
+                return result
+            with self.target_engine.connect() as tconn:
+                ids, known = self.ledger_lookup(tconn, source, chunk)
+            # Move mode reads the delivered ones too: they are still there to be consumed.
+            new = chunk if self.job.mode == "move" else [k for k in chunk if ids[k] not in known]
+            result.stats.already += len(chunk) - len(new)
+            if new:
+                with_backoff(lambda c=new: self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats),
+                             f"job {self.job.name} queue {queue} keys {new[0]}..{new[-1]}")
+            if len(chunk) < size:
+                return result
+            cursor = last
+
     def _batch_tx(self, source: Source, fetch, total: PassStats) -> list[SourceRow]:
         """One batch in the two transactions of a pass; `total` is only added to once it commits."""
         lock = self.job.mode == "move"

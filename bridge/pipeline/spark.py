@@ -18,7 +18,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,9 +48,10 @@ class WorkUnit:
     job: str
     queue: str
     rows: int  # planned, for progress
-    after: int | None = None
-    upto: int | None = None
+    after: Any = None  # an id (monotonic sources) or a sort tuple (scan sources' slices)
+    upto: Any = None
     keys: tuple[Any, ...] | None = None
+    sliced: bool = False  # a scan source's slice: the keys sorted after `after`, up to `upto` (None: to the end)
 
 
 @dataclass
@@ -81,8 +81,12 @@ def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tu
         if source.cursor == "queue":
             pass  # consumed as read: the closing in-process pass drains it, skip-locked
         elif source.cursor == "scan":
-            for keys in _new_keys(runner, sconn, queue, size):
-                units.append(WorkUnit(first_index + len(units), job, queue, len(keys), keys=tuple(keys)))
+            # Slices between sort tuples the database picks: the driver holds boundaries, never keys.
+            after = None
+            for bound in source.slice_boundaries(sconn, size):
+                units.append(WorkUnit(first_index + len(units), job, queue, size, after=after, upto=bound, sliced=True))
+                after = bound
+            units.append(WorkUnit(first_index + len(units), job, queue, size, after=after, upto=None, sliced=True))
         else:
             # The last key first: rows inserted while the boundaries are read land beyond it and
             # are left to the closing pass.
@@ -103,22 +107,9 @@ def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tu
     return plan, units
 
 
-def _new_keys(runner: JobRunner, sconn: Any, queue: str, size: int) -> Iterator[list[Any]]:
-    """A scan source's keys the ledger does not know yet, in lists of `size`. Such sources
-    can only list their keys, so the driver holds the backlog's keys (not its rows)."""
-    source = runner.sources[queue]
-    keys = source.scan_keys(sconn)
-    todo: list[Any] = []
-    with runner.target_engine.connect() as tconn:
-        for start in range(0, len(keys), 10_000):
-            chunk = keys[start:start + 10_000]
-            ids, known = runner.ledger_lookup(tconn, source, chunk)
-            todo.extend(k for k in chunk if ids[k] not in known)
-            while len(todo) >= size:
-                yield todo[:size]
-                todo = todo[size:]
-    if todo:
-        yield todo
+def _count(runner: JobRunner, source: Any) -> int:
+    with runner.source_engine.connect() as sconn:
+        return source.count_keys(sconn)
 
 
 def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
@@ -153,14 +144,16 @@ def run_unit(config: Config, unit: WorkUnit) -> tuple[int, PassStats, list[Gap]]
     if runner is None:
         runner = _RUNNERS[unit.job] = JobRunner(config, config.job(unit.job))
     try:
-        if unit.keys is not None:
-            result: RangeResult = runner.run_keys(unit.queue, list(unit.keys))
+        if unit.sliced:
+            result: RangeResult = runner.run_slice(unit.queue, unit.after, unit.upto)
+        elif unit.keys is not None:
+            result = runner.run_keys(unit.queue, list(unit.keys))
         else:
             assert unit.upto is not None
             result = runner.run_range(unit.queue, unit.after, unit.upto)
     except Exception as e:
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()
-        what = f"keys {unit.keys[0]}..{unit.keys[-1]}" if unit.keys else f"ids {unit.after}..{unit.upto}"
+        what = f"keys {unit.keys[0]}..{unit.keys[-1]}" if unit.keys else f"{'slice' if unit.sliced else 'ids'} {unit.after}..{unit.upto}"
         # Spark retries the task; what its batches committed stays in the ledger.
         log.warning("job=%s queue=%s %s: attempt %d failed: %s: %s", unit.job, unit.queue, what,
                     (faults.attempt or 0) + 1, type(e).__name__, reason[0] if reason else "")
@@ -272,6 +265,14 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, cores:
     for runner in runners:
         counts = with_backoff(lambda r=runner: backlog(r), f"job {runner.job.name}: counting rows", attempts=attempts)
         for queue, n in counts.items():
+            source = runner.sources[queue]
+            if source.cursor == "scan":
+                if n == 0:
+                    plans.append(QueuePlan(runner, queue, None))
+                    continue
+                # Slices cover every key (the ledger skips delivered ones in the task): size them by all.
+                n = with_backoff(lambda s=source: _count(runner, s), f"job {runner.job.name} queue {queue}: counting keys",
+                                 attempts=attempts)
             size = unit_rows or unit_size(n, runner.job.batch_size, cores)
             plan, queue_units = with_backoff(lambda r=runner, q=queue, s=size: plan_queue(r, q, s, len(units)),
                                              f"job {runner.job.name} queue {queue}: planning", attempts=attempts)

@@ -130,15 +130,71 @@ class Source:
         return {str(k): json_safe(v) for k, v in row.values.items()}
 
 
+def tuple_after(columns: Sequence[sa.ColumnElement], values: Sequence[Any]) -> sa.ColumnElement[bool]:
+    """`(c1, c2, ...) > (v1, v2, ...)` spelled out, for databases without row-value comparison
+    (SQL Server)."""
+    return sa.or_(*(sa.and_(*(c == v for c, v in zip(columns[:i], values[:i])), columns[i] > values[i])
+                    for i in range(len(columns))))
+
+
 class ScanSource(Source):
     """A source whose rows have no increasing key: each pass lists every key and the ledger
-    says which are new, so a late commit is simply seen on a later pass."""
+    says which are new, so a late commit is simply seen on a later pass.
+
+    Its keys have a sort order (`keyset()`: a subquery whose columns, in order, sort the rows):
+    passes walk them streamed, and the Spark engine cuts them into slices between sort tuples,
+    so neither a pass nor the driver ever holds all the keys of a large store."""
 
     cursor: ClassVar[str] = "scan"
 
+    def keyset(self) -> sa.Subquery:
+        """The rows' sort columns, in order, and nothing else (for the queue this source reads)."""
+        raise NotImplementedError
+
+    def key_of_row(self, row: Sequence[Any]) -> Any:
+        """The key of a row of `keyset()`."""
+        raise NotImplementedError
+
+    def scan_keys(self, conn: sa.Connection) -> list[Any]:
+        return list(self.iter_keys(conn))
+
     def iter_keys(self, conn: sa.Connection) -> Iterator[Any]:
         """Every key, oldest first, streamed (bounded memory for verify, backlog and planning)."""
-        yield from self.scan_keys(conn)
+        return self.iter_slice(conn, None, None)
+
+    def _slice(self, after: Sequence[Any] | None, upto: Sequence[Any] | None) -> sa.Select:
+        cols = list(self.keyset().c)
+        stmt = sa.select(*cols).order_by(*cols)
+        if after is not None:
+            stmt = stmt.where(tuple_after(cols, after))
+        if upto is not None:
+            stmt = stmt.where(sa.not_(tuple_after(cols, upto)))
+        return stmt
+
+    def iter_slice(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None) -> Iterator[Any]:
+        """Keys whose sort tuple is > `after` and <= `upto` (None: unbounded), in order, streamed."""
+        for row in conn.execute(self._slice(after, upto).execution_options(stream_results=True, yield_per=10_000)):
+            yield self.key_of_row(row)
+
+    def slice_page(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None, limit: int
+                   ) -> tuple[list[Any], tuple[Any, ...] | None]:
+        """At most `limit` keys of the slice after `after`, and the sort tuple of the last one
+        (keyset paging: no cursor stays open between pages)."""
+        rows = conn.execute(self._slice(after, upto).limit(limit)).all()
+        return [self.key_of_row(r) for r in rows], (tuple(rows[-1]) if rows else None)
+
+    def count_keys(self, conn: sa.Connection) -> int:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(self.keyset())).scalar_one())
+
+    def slice_boundaries(self, conn: sa.Connection, every: int) -> list[tuple[Any, ...]]:
+        """The sort tuple of every `every`-th row: where the Spark engine cuts its slices. The
+        database numbers the rows; only the boundaries cross the wire."""
+        k = self.keyset()
+        cols = list(k.c)
+        numbered = sa.select(*cols, sa.func.row_number().over(order_by=cols).label("qb_rn")).subquery()
+        stmt = (sa.select(*(numbered.c[c.name] for c in cols)).where(numbered.c.qb_rn % every == 0)
+                .order_by(*(numbered.c[c.name] for c in cols)))
+        return [tuple(r) for r in conn.execute(stmt)]
 
     def count_after(self, conn: sa.Connection, after: int | None) -> int:
         return sum(1 for _ in self.iter_keys(conn))

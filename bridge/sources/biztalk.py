@@ -9,7 +9,7 @@ entries are new. Message data stays in Spool / MessageParts / Parts / Fragments.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import orjson
@@ -81,15 +81,14 @@ class BizTalkSource(ScanSource):
             raise SourceSchemaError(f"BizTalk MessageBox tables missing for host {self.queue!r}: {', '.join(missing)}")
 
     # -- reading ---------------------------------------------------------------------------
-    def scan_keys(self, conn: sa.Connection) -> list[str]:
-        return list(self.iter_keys(conn))
+    def keyset(self) -> sa.Subquery:
+        """Work-queue entries, then suspended ones, by message and instance id."""
+        parts = [sa.select(sa.literal(prefix).label("p"), t.c.uidMessageID.label("m"), t.c.uidInstanceID.label("i"))
+                 for prefix, t in (("Q", self.work), ("S", self.suspended))]
+        return sa.union_all(*parts).subquery()
 
-    def iter_keys(self, conn: sa.Connection) -> Iterator[str]:
-        """Work-queue then suspended-queue entries, streamed."""
-        for prefix, table in (("Q", self.work), ("S", self.suspended)):
-            stmt = sa.select(table.c.uidMessageID, table.c.uidInstanceID).order_by(table.c.uidMessageID, table.c.uidInstanceID)
-            for m, i in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
-                yield f"{prefix}:{m}:{i}"
+    def key_of_row(self, row: Sequence[Any]) -> str:
+        return f"{row[0]}:{row[1]}:{row[2]}"
 
     @staticmethod
     def _split(key: str) -> tuple[str, uuid.UUID, uuid.UUID]:

@@ -130,9 +130,11 @@ class Source:
         return {str(k): json_safe(v) for k, v in row.values.items()}
 
 
-def tuple_after(columns: Sequence[sa.ColumnElement], values: Sequence[Any]) -> sa.ColumnElement[bool]:
-    """`(c1, c2, ...) > (v1, v2, ...)` spelled out, for databases without row-value comparison
-    (SQL Server)."""
+def tuple_after(columns: Sequence[sa.ColumnElement], values: Sequence[Any], dialect: str = "mssql") -> sa.ColumnElement[bool]:
+    """`(c1, c2, ...) > (v1, v2, ...)`: a row-value comparison, which PostgreSQL, MariaDB and
+    SQLite answer from an index on those columns; spelled out for SQL Server, which has none."""
+    if dialect != "mssql":
+        return sa.tuple_(*columns) > sa.tuple_(*(sa.literal(v, type_=c.type) for c, v in zip(columns, values)))
     return sa.or_(*(sa.and_(*(c == v for c, v in zip(columns[:i], values[:i])), columns[i] > values[i])
                     for i in range(len(columns))))
 
@@ -162,25 +164,26 @@ class ScanSource(Source):
         """Every key, oldest first, streamed (bounded memory for verify, backlog and planning)."""
         return self.iter_slice(conn, None, None)
 
-    def _slice(self, after: Sequence[Any] | None, upto: Sequence[Any] | None) -> sa.Select:
+    def _slice(self, after: Sequence[Any] | None, upto: Sequence[Any] | None, dialect: str) -> sa.Select:
         cols = list(self.keyset().c)
         stmt = sa.select(*cols).order_by(*cols)
         if after is not None:
-            stmt = stmt.where(tuple_after(cols, after))
+            stmt = stmt.where(tuple_after(cols, after, dialect))
         if upto is not None:
-            stmt = stmt.where(sa.not_(tuple_after(cols, upto)))
+            stmt = stmt.where(sa.not_(tuple_after(cols, upto, dialect)))
         return stmt
 
     def iter_slice(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None) -> Iterator[Any]:
         """Keys whose sort tuple is > `after` and <= `upto` (None: unbounded), in order, streamed."""
-        for row in conn.execute(self._slice(after, upto).execution_options(stream_results=True, yield_per=10_000)):
+        stmt = self._slice(after, upto, conn.dialect.name)
+        for row in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
             yield self.key_of_row(row)
 
     def slice_page(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None, limit: int
                    ) -> tuple[list[Any], tuple[Any, ...] | None]:
         """At most `limit` keys of the slice after `after`, and the sort tuple of the last one
         (keyset paging: no cursor stays open between pages)."""
-        rows = conn.execute(self._slice(after, upto).limit(limit)).all()
+        rows = conn.execute(self._slice(after, upto, conn.dialect.name).limit(limit)).all()
         return [self.key_of_row(r) for r in rows], (tuple(rows[-1]) if rows else None)
 
     def count_keys(self, conn: sa.Connection) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -130,15 +130,22 @@ class OpenJMSSource(ScanSource):
         return f"{message_id}#{int(consumer_id)}"
 
     def keyset(self) -> sa.Subquery:
-        """Handles of this destination in OpenJMS's own delivery order (acceptance time, then
-        sequence number); NULL times sort first."""
+        """Handles of this destination by consumer and message id: the order of OpenJMS's own
+        index message_handles_pk (destinationId, consumerId, messageId), so that slices and
+        their pages are index range scans, not a sort of the whole destination per page."""
         h, d = self.t["message_handles"], self.t["destinations"]
-        return (sa.select(sa.func.coalesce(h.c.acceptedtime, 0).label("t"), sa.func.coalesce(h.c.sequencenumber, 0).label("s"),
-                          h.c.messageid.label("m"), h.c.consumerid.label("c"))
+        return (sa.select(h.c.consumerid.label("c"), h.c.messageid.label("m"))
                 .select_from(h).join(d, d.c.destinationid == h.c.destinationid).where(d.c.name == self.queue).subquery())
 
+    def iter_keys(self, conn: sa.Connection) -> Iterator[str]:
+        """Every handle, in OpenJMS's delivery order (accepted first), streamed: for passes."""
+        h = self.t["message_handles"]
+        stmt = self._handles(False).with_only_columns(h.c.messageid, h.c.consumerid)
+        for mid, cid in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
+            yield self.key_of(mid, cid)
+
     def key_of_row(self, row: Sequence[Any]) -> str:
-        return self.key_of(row[2], row[3])
+        return self.key_of(row[1], row[0])
 
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
         if not keys:

@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except BridgeError as e:
-        err.print(f"qbridge: {'config error' if e.exit_code == 2 else 'error'}: {e}", markup=False, highlight=False)
+        err.print(f"qbridge: {_label(e)}: {e}", markup=False, highlight=False)
         return e.exit_code
     except sa_exc.SQLAlchemyError as e:
         first = str(getattr(e, "orig", None) or e).strip().splitlines()
@@ -81,6 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("qbridge: interrupted")
         return 130
+
+
+def _label(e: BridgeError) -> str:
+    from bridge.errors import ConfigError, DriverMissing
+
+    if isinstance(e, DriverMissing):
+        return "missing driver"
+    return "config error" if isinstance(e, ConfigError) or e.exit_code == 2 else "error"
 
 
 def _runners(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:

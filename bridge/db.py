@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from bridge.config import mask_url
-from bridge.errors import BridgeError, RetryableError
+from bridge.errors import BridgeError, DriverMissing, RetryableError
 
 # SQLSTATE classes/codes that mean "the same statement can succeed later".
 # 08 connection, 40 serialization/deadlock, 55P03 lock timeout, 57014 statement timeout, 57P0x
@@ -26,11 +26,40 @@ _RETRYABLE_MESSAGES = re.compile(
 
 _ENGINES: dict[str, sa.Engine] = {}
 
+# What to install when a driver cannot load, by SQLAlchemy driver name.
+INSTALL = {
+    "mssql+pyodbc": "unixODBC and Microsoft's ODBC Driver 18 for SQL Server (apt-get install unixodbc, then msodbcsql18 "
+                    "from Microsoft's package repository)",
+    "mysql+pyodbc": "unixODBC and MariaDB Connector/ODBC (apt-get install unixodbc odbc-mariadb)",
+    "mariadb+pyodbc": "unixODBC and MariaDB Connector/ODBC (apt-get install unixodbc odbc-mariadb)",
+    "postgresql+psycopg": "psycopg with its binary build (pip install 'psycopg[binary]')",
+}
+# unixODBC's words for a driver that is configured but not installed (SQLSTATE 01000 / IM002).
+_DRIVER_NOT_FOUND = re.compile(r"can't open lib|data source name not found|driver.*not (found|installed)", re.IGNORECASE)
+
+
+def install_hint(url: str | sa.engine.URL) -> str:
+    parsed = sa.engine.make_url(url)
+    return INSTALL.get(parsed.drivername, f"the Python package of the {parsed.drivername!r} driver")
+
+
+def dialect_for(url: str) -> sa.Dialect:
+    """The URL's SQL dialect without importing its driver: enough to compile statements (DDL for
+    a DBA, SQL Server checks) on a machine that has no ODBC library."""
+    return sa.engine.make_url(url).get_dialect()()
+
 
 def engine_for(url: str) -> sa.Engine:
     """One engine per URL per process, with the bulk options of its driver."""
     if url in _ENGINES:
         return _ENGINES[url]
+    try:
+        return _create(url)
+    except ImportError as e:
+        raise DriverMissing(f"{mask_url(url)}: its driver cannot load ({e}); install {install_hint(url)}") from None
+
+
+def _create(url: str) -> sa.Engine:
     parsed = sa.engine.make_url(url)
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.drivername == "mssql+pyodbc":
@@ -78,6 +107,8 @@ def is_retryable(error: BaseException) -> bool:
     """True for a database that is down or restarting, a deadlock, a lock or statement timeout."""
     if isinstance(error, RetryableError):
         return True
+    if driver_not_installed(error):  # waiting does not install a driver
+        return False
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(error, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)):
@@ -110,9 +141,15 @@ def unique_violation(error: sa_exc.IntegrityError) -> bool:
     return bool(re.search(r"unique|duplicate", str(error.orig), re.IGNORECASE))
 
 
+def driver_not_installed(error: BaseException) -> bool:
+    return bool(_DRIVER_NOT_FOUND.search(str(getattr(error, "orig", None) or error)))
+
+
 def describe(error: BaseException, name: str, url: str) -> BridgeError:
     """A one-line, password-free error for a failure talking to database `name`."""
     detail = str(getattr(error, "orig", None) or error).strip().splitlines()
     first = detail[0] if detail else type(error).__name__
     text = f"database {name!r} ({mask_url(url)}): {first}"
+    if driver_not_installed(error):
+        return DriverMissing(f"{text}; install {install_hint(url)}")
     return RetryableError(text) if is_retryable(error) else BridgeError(text)

@@ -27,6 +27,12 @@ class UsageError(BridgeError):
     exit_code = 2
 
 
+class DriverMissing(BridgeError):
+    """A database driver or the system library under it is not installed: says what to install."""
+
+    exit_code = 2
+
+
 class SourceSchemaError(BridgeError):
     """The legacy database does not have the tables or columns this source reads."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 from bridge.config import Config, JobConfig
-from bridge.db import engine_for
+from bridge.db import dialect_for, engine_for
 from bridge.errors import TargetSchemaError
 from bridge.state import state_tables
 from bridge.targets import target_class
@@ -80,12 +80,11 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
 
 
 def ddl(p: TargetPlan) -> list[str]:
-    dialect = sa.create_engine(p.url).dialect
-    return create_statements(p.tables, dialect)
+    return create_statements(p.tables, dialect_for(p.url))
 
 
 def notes(p: TargetPlan) -> list[str]:
-    dialect = sa.create_engine(p.url).dialect
+    dialect = dialect_for(p.url)
     return [n for t in p.targets for n in t.notes(dialect)]
 
 

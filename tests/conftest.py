@@ -21,7 +21,12 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def _reachable(url: str) -> str | None:
-    engine = sa.create_engine(url)
+    try:
+        engine = sa.create_engine(url)
+    except ImportError as e:  # the driver's system library is missing: say what to install
+        from bridge.db import install_hint
+
+        return f"its driver cannot load ({e}); install {install_hint(url)}, or run `bash .ci/run`, which installs it"
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("select 1"))

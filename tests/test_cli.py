@@ -24,6 +24,8 @@ def test_demo_runs_on_a_fresh_directory(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "verify: balanced" in r.stdout
     assert "quarantined MQueue1" in r.stdout and "more than one '='" in r.stdout
+    for chatter in ("Using incubator modules", "Setting default log level", "sc.setLogLevel"):  # the JVM's, at DEBUG only
+        assert chatter not in r.stdout + r.stderr
     engine = sa.create_engine(f"sqlite:///{tmp_path}/d/nservicebus.db")
     with engine.connect() as conn:
         # 20 NGinn + 2 OpenJMS + 2 BizTalk, less the one the demo's NServiceBus endpoint took and replied to

@@ -15,6 +15,8 @@ import logging
 import math
 import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -164,27 +166,60 @@ def run_unit(config: Config, unit: WorkUnit) -> tuple[int, PassStats, list[Gap]]
 # -- driver side -----------------------------------------------------------------------------
 def spark_session(master: str | None, app: str = "qbridge migrate") -> Any:
     """A SparkSession on `master`; None keeps the master spark-submit was given."""
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        from bridge.errors import DriverMissing
+
+        raise DriverMissing("Spark needs a Java runtime (17 or later) and finds none; install one "
+                            "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    log4j = Path(__file__).resolve().parent.parent / "spark_conf" / "log4j2.properties"
+    conf = SparkConf().setAppName(app).setAll([
+        ("spark.task.maxFailures", str(TASK_ATTEMPTS)),
+        ("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}"),
+        ("spark.ui.showConsoleProgress", "false"),
+        ("spark.python.worker.reuse", "true"),
+        ("spark.executorEnv.PYTHONHASHSEED", "0"),
+        *((f"spark.executorEnv.{n}", v) for n, v in os.environ.items() if n.startswith("QBRIDGE_FAULT")),
+    ])
     if master is not None:
         m = _LOCAL.match(master)
         # Plain local masters never retry a failed task; give them the same attempts as a cluster.
-        builder = builder.master(f"local[{m.group(2) or 1},{TASK_ATTEMPTS}]" if m else master)
-    log4j = Path(__file__).resolve().parent.parent / "spark_conf" / "log4j2.properties"
-    builder = (
-        builder.config("spark.task.maxFailures", str(TASK_ATTEMPTS))
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.executorEnv.PYTHONHASHSEED", "0")
-    )
-    for name, value in os.environ.items():
-        if name.startswith("QBRIDGE_FAULT"):
-            builder = builder.config(f"spark.executorEnv.{name}", value)
-    return builder.getOrCreate()
+        conf.setMaster(f"local[{m.group(2) or 1},{TASK_ATTEMPTS}]" if m else master)
+    _quiet_gateway(conf)
+    return SparkSession.builder.config(conf=conf).getOrCreate()
+
+
+# What the JVM says on every start that a user cannot act on (shown at --log-level DEBUG).
+_JVM_CHATTER = re.compile(r"Using incubator modules|Setting default log level to|To adjust logging level use sc\.setLogLevel")
+jvm_log = logging.getLogger("qbridge.spark.jvm")
+
+
+def _quiet_gateway(conf: Any) -> None:
+    """Starts the JVM with its stderr relayed line by line: start-up chatter goes to DEBUG, the
+    rest (errors, the Python workers' own lines) to our stderr as it was. Under spark-submit the
+    JVM is already there, and is left alone."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+        return
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+
+    def relay(stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            if _JVM_CHATTER.search(line):
+                jvm_log.debug("%s", line)
+            else:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+
+    threading.Thread(target=relay, args=(gateway.proc.stderr,), name="qbridge-jvm-stderr", daemon=True).start()
+    SparkContext._ensure_initialized(gateway=gateway, conf=conf)
 
 
 def run_spark(config: Config, runners: list[JobRunner], console: Console, master: str | None,

@@ -32,7 +32,12 @@ def _reachable(url: str) -> str | None:
             conn.execute(sa.text("select 1"))
         return None
     except Exception as e:  # noqa: BLE001 - any failure means "not reachable"
-        return str(e).splitlines()[0]
+        from bridge.db import driver_not_installed, install_hint
+
+        first = str(e).splitlines()[0]
+        if driver_not_installed(e):
+            return f"{first}; install {install_hint(url)}, or run `bash .ci/run`, which installs it"
+        return first
     finally:
         engine.dispose()
 

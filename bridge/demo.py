@@ -225,8 +225,12 @@ def _round_trip(forward: JobRunner, back: JobRunner, console: Console) -> None:
     reply to the legacy NGinn endpoint that sent the request, as a row NGinn's receiver takes."""
     engine = engine_for(forward.target_url)
     orders, sales = forward.tables.queue("Orders"), forward.tables.queue("Sales")
-    with engine.begin() as conn:  # the transport's receive: the oldest row, deleted
-        first = conn.execute(sa.select(orders).order_by(orders.c.seq).limit(1)).mappings().one()
+    with engine.begin() as conn:  # the endpoint takes (and deletes) the first NGinn PlaceOrder
+        # Spark's tasks commit in any order: the NGinn message with the lowest id, not the oldest row.
+        prefix = "nginn://legacy-nginn/MQueue1/"
+        first = min((r for r in conn.execute(sa.select(orders)).mappings()
+                     if orjson.loads(r["headers"]).get("QBridge.Source", "").startswith(prefix)),
+                    key=lambda r: int(orjson.loads(r["headers"])["QBridge.Source"][len(prefix):]))
         conn.execute(sa.delete(orders).where(orders.c.seq == first["seq"]))
         request = orjson.loads(first["headers"])
         reply = {

@@ -24,8 +24,8 @@ from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.targets.echo import ECHO_HEADER, echo_of, source_tag
-from bridge.targets.reverse import ReverseRules, type_forms
+from bridge.targets.echo import ECHO_HEADER, source_tag
+from bridge.targets.reverse import ReverseRules
 from bridge.timefmt import UTC
 
 DEFAULT_TABLE = "QBridgeToBizTalk"
@@ -113,22 +113,17 @@ class BizTalkTarget(Target):
             self._checked = True
 
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> StagingRow | Skipped:
-        if msg.state == "expired":
-            return Skipped("expired before it was read (the transport discards such a message unprocessed)")
-        location = self.rules.route(msg)
-        if (came_from := echo_of(msg.headers.get(ECHO_HEADER), self.system, location, self.identity)) is not None:
-            return Skipped(came_from)
-        names = [self.rules.legacy_names[f] for t in msg.enclosed_types for f in type_forms(t) if f in self.rules.legacy_names]
-        values = {"system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
-                  "key": msg.source.key, "message_id": msg.source.key, "destination": location, "state": msg.state,
-                  "type": names[0] if names else ""}
-        headers = self.rules.headers(msg, values)
+        location = self.rules.destination(msg, self.system, self.identity)
+        if isinstance(location, Skipped):
+            return location
+        message_type = self.rules.known_type(msg)
+        headers = self.rules.headers(msg, self.rules.template_values(msg, location, message_type or ""))
         headers[ECHO_HEADER] = source_tag(msg.source.system, msg.source.database, msg.source.queue, msg.source.key)
         h = msg.headers
         return StagingRow(location, {
             "ReceiveLocation": location, "MessageId": msg.source.key,
             # No legacy name: NULL, and BizTalk's XML disassembler derives BTS.MessageType from the body.
-            "MessageType": names[0] if names else None,
+            "MessageType": message_type,
             "CorrelationId": msg.correlation_id, "ConversationId": msg.conversation_id,
             "ReplyTo": h.get("NServiceBus.ReplyToAddress"), "Intent": msg.intent,
             "OriginatingEndpoint": h.get("NServiceBus.OriginatingEndpoint"), "ContentType": msg.content_type,

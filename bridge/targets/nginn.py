@@ -26,7 +26,7 @@ from bridge.sources.base import Subscription
 from bridge.sources.nginn import live_subscriptions, queue_table
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.targets.echo import ECHO_HEADER, echo_of, source_tag
+from bridge.targets.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules
 from bridge.timefmt import utcnow, zone
 
@@ -101,17 +101,13 @@ class NGinnTarget(Target):
         return uri
 
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> NGinnRow | Skipped:
-        if msg.state == "expired":
-            return Skipped("expired before it was read (the transport discards such a message unprocessed)")
-        queue = self.rules.route(msg)
-        if (came_from := echo_of(msg.headers.get(ECHO_HEADER), self.system, queue, self.identity)) is not None:
-            return Skipped(came_from)
+        queue = self.rules.destination(msg, self.system, self.identity)
+        if isinstance(queue, Skipped):
+            return queue
         legacy_type = self.rules.legacy_type(msg)
         body = nginn_body(msg.body, legacy_type)
         mid = msg.source.key
-        values = {"system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
-                  "key": mid, "message_id": mid, "destination": queue, "state": msg.state, "type": legacy_type}
-        headers = self.rules.headers(msg, values)
+        headers = self.rules.headers(msg, self.rules.template_values(msg, queue, legacy_type))
         now = utcnow()
         if msg.reply_to:
             # Only an exact route renames a reply queue; else the NServiceBus queue's own name,

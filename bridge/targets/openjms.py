@@ -29,7 +29,7 @@ from bridge.sources.base import Subscription
 from bridge.sources.openjms_schema import is_queue, tables
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.targets.echo import ECHO_HEADER, echo_of, source_tag
+from bridge.targets.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules, type_forms
 from bridge.timefmt import utcnow
 
@@ -84,11 +84,9 @@ class OpenJMSTarget(Target):
         self.sequence = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(h.c.sequencenumber), 0))).scalar_one())
 
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> JmsRows | Skipped:
-        if msg.state == "expired":
-            return Skipped("expired before it was read (the transport discards such a message unprocessed)")
-        name = self.rules.route(msg)
-        if (came_from := echo_of(msg.headers.get(ECHO_HEADER), self.system, name, self.identity)) is not None:
-            return Skipped(came_from)
+        name = self.rules.destination(msg, self.system, self.identity)
+        if isinstance(name, Skipped):
+            return name
         found = self.destinations.get(name)
         if found is None:
             raise BadRow(f"OpenJMS destination {name!r} does not exist in the store; create it with OpenJMS's "
@@ -115,8 +113,7 @@ class OpenJMSTarget(Target):
 
     def _jms(self, msg: CanonicalMessage, name: str, queue: bool, jms_id: str, accepted: int) -> JmsMessage:
         kind, body = self._body(msg)
-        legacy_types = [self.rules.legacy_names[f] for t in msg.enclosed_types for f in type_forms(t) if f in self.rules.legacy_names]
-        jms_type = legacy_types[0] if legacy_types else (type_forms(msg.enclosed_types[0])[-1] if msg.enclosed_types else kind)
+        jms_type = self.rules.known_type(msg) or (type_forms(msg.enclosed_types[0])[-1] if msg.enclosed_types else kind)
         reply = None
         if msg.reply_to:
             reply_name = self.mapping.routes.get(msg.reply_to, msg.reply_to)
@@ -146,9 +143,7 @@ class OpenJMSTarget(Target):
     def _properties(self, msg: CanonicalMessage) -> dict[str, dict[str, Any]]:
         """Headers as String properties; a property a forward job carried over as
         `<prefix>Property.NAME` gets its name and (from `<prefix>PropertyTypes`) its Java type back."""
-        values = {"system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
-                  "key": msg.source.key, "message_id": msg.source.key, "destination": "", "state": msg.state, "type": ""}
-        headers = self.rules.headers(msg, values)
+        headers = self.rules.headers(msg, self.rules.template_values(msg, "", ""))
         kinds = orjson.loads(headers.pop(f"{self.prefix}PropertyTypes", "{}") or "{}")
         props: dict[str, dict[str, Any]] = {}
         carried = f"{self.prefix}Property."

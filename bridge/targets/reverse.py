@@ -12,6 +12,8 @@ from __future__ import annotations
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
 from bridge.model import CanonicalMessage
+from bridge.targets.base import Skipped
+from bridge.targets.echo import ECHO_HEADER, echo_of
 
 # NServiceBus headers a legacy endpoint can make sense of; the rest describe NServiceBus's
 # own pipeline (or hold '=' and '|', as assembly-qualified type names do).
@@ -38,6 +40,22 @@ class ReverseRules:
             for form in type_forms(nsb):
                 self.legacy_names.setdefault(form, legacy)
 
+    def destination(self, msg: CanonicalMessage, system: str, identity: str) -> str | Skipped:
+        """The legacy queue `msg` goes to, or why it is skipped: expired (the transport discards
+        such a message too), or an echo of a message that came from that very queue."""
+        if msg.state == "expired":
+            return Skipped("expired before it was read (the transport discards such a message unprocessed)")
+        queue = self.route(msg)
+        came_from = echo_of(msg.headers.get(ECHO_HEADER), system, queue, identity)
+        return queue if came_from is None else Skipped(came_from)
+
+    @staticmethod
+    def template_values(msg: CanonicalMessage, destination: str, legacy_type: str) -> dict[str, str]:
+        """What `[headers.set]` templates can name, for a reverse message."""
+        src = msg.source
+        return {"system": src.system, "database": src.database, "queue": src.queue, "key": src.key,
+                "message_id": src.key, "destination": destination, "state": msg.state, "type": legacy_type}
+
     def route(self, msg: CanonicalMessage) -> str:
         """The legacy queue: the first enclosed type with a route, else the proxy queue's."""
         candidates = [f for t in msg.enclosed_types for f in type_forms(t)] + [msg.destination]
@@ -47,16 +65,23 @@ class ReverseRules:
                          f"{msg.enclosed_types[0] if msg.enclosed_types else '(none)'!r}; add one to [routes] (or a '*' route)")
         return routed
 
-    def legacy_type(self, msg: CanonicalMessage) -> str:
-        """The legacy type name of the message's most derived enclosed type with one."""
-        if not msg.enclosed_types:
-            raise BadRow("no NServiceBus.EnclosedMessageTypes header: the legacy system needs a type name")
+    def known_type(self, msg: CanonicalMessage) -> str | None:
+        """The legacy type name of the message's most derived enclosed type with one, else None."""
         for t in msg.enclosed_types:
             for form in type_forms(t):
                 if form in self.legacy_names:
                     return self.legacy_names[form]
-        raise BadRow(f"type {msg.enclosed_types[0]!r} has no legacy name; add "
-                     f"\"Legacy.Type, LegacyAssembly\" = \"{type_forms(msg.enclosed_types[0])[1]}\" to [types]")
+        return None
+
+    def legacy_type(self, msg: CanonicalMessage) -> str:
+        """As `known_type`, for a legacy system that cannot take a message without one."""
+        if not msg.enclosed_types:
+            raise BadRow("no NServiceBus.EnclosedMessageTypes header: the legacy system needs a type name")
+        found = self.known_type(msg)
+        if found is None:
+            raise BadRow(f"type {msg.enclosed_types[0]!r} has no legacy name; add "
+                         f"\"Legacy.Type, LegacyAssembly\" = \"{type_forms(msg.enclosed_types[0])[1]}\" to [types]")
+        return found
 
     def headers(self, msg: CanonicalMessage, values: dict[str, str]) -> dict[str, str]:
         """The NServiceBus headers a legacy message keeps, renamed, dropped and set as mapped."""

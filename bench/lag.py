@@ -40,6 +40,40 @@ SRC, TGT = "qlag_src", "qlag_tgt"
 CONFIG = bench.CONFIG + 'schedule   = {{ every = "1s" }}\n'
 
 
+def paced(url: str, seconds: float, write: Any, committed: dict) -> None:
+    """Calls `write(conn)` every 50 ms for `seconds`, commits, and notes when each key it
+    returns was committed."""
+    with psycopg.connect(libpq(url), autocommit=False) as conn:
+        start = time.monotonic()
+        tick = 0
+        while time.monotonic() - start < seconds:
+            keys = write(conn)
+            conn.commit()
+            at = time.time()
+            for k in keys:
+                committed[k] = at
+            tick += 1
+            pause = start + tick * 0.05 - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+
+
+def poll(url: str, sql: str, arrived: dict, duplicates: list, stop: threading.Event) -> None:
+    """Runs `sql` (rows `(position, key)` after a position) every 20 ms and notes when each key
+    became visible; a key seen twice is a duplicate."""
+    last = 0
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        while not stop.is_set():
+            rows = conn.execute(sql, (last,)).fetchall()
+            at = time.time()
+            for position, key in rows:
+                if key in arrived:
+                    duplicates.append(key)
+                arrived[key] = at
+                last = position
+            time.sleep(0.02)
+
+
 def writer(url: str, rate: int, seconds: float, committed: dict[int, float], done: threading.Event) -> None:
     """`rate` rows a second, in transactions of rate/20 rows every 50 ms, for `seconds`."""
     per_tx = max(1, rate // 20)
@@ -47,38 +81,19 @@ def writer(url: str, rate: int, seconds: float, committed: dict[int, float], don
     sql = (f'INSERT INTO "{SRC}"."{QUEUE}" (from_endpoint, to_endpoint, subqueue, insert_time, retry_count, retry_time, '
            f"msg_text, msg_headers) SELECT 'sql://db/Sender', 'sql://db/{QUEUE}', 'I', %s, 0, %s, %s, 'Tenant=acme' "
            f"FROM generate_series(1, %s) RETURNING id")
-    with psycopg.connect(libpq(url), autocommit=False) as conn:
-        start = time.monotonic()
-        tick = 0
-        while time.monotonic() - start < seconds:
-            now = datetime.utcnow()
-            ids = [r[0] for r in conn.execute(sql, (now, now, body, per_tx)).fetchall()]
-            conn.commit()
-            at = time.time()
-            for i in ids:
-                committed[i] = at
-            tick += 1
-            pause = start + tick * 0.05 - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+
+    def write(conn: Any) -> list[int]:
+        now = datetime.utcnow()
+        return [r[0] for r in conn.execute(sql, (now, now, body, per_tx)).fetchall()]
+
+    paced(url, seconds, write, committed)
     done.set()
 
 
 def observer(url: str, arrived: dict[int, float], duplicates: list[int], stop: threading.Event) -> None:
     """Polls the NServiceBus table by its `seq` and notes when each message became visible."""
-    last = 0
-    sql = (f'SELECT seq, (headers::json->>\'NGinn.BusMessageId\')::bigint FROM "{TGT}"."Orders" '
-           f"WHERE seq > %s ORDER BY seq")
-    with psycopg.connect(libpq(url), autocommit=True) as conn:
-        while not stop.is_set():
-            rows = conn.execute(sql, (last,)).fetchall()
-            at = time.time()
-            for seq, key in rows:
-                if key in arrived:
-                    duplicates.append(key)
-                arrived[key] = at
-                last = seq
-            time.sleep(0.02)
+    poll(url, f'SELECT seq, (headers::json->>\'NGinn.BusMessageId\')::bigint FROM "{TGT}"."Orders" WHERE seq > %s ORDER BY seq',
+         arrived, duplicates, stop)
 
 
 def percentile(values: list[float], p: float) -> float:

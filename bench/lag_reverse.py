@@ -17,8 +17,8 @@ import argparse
 import importlib.util
 import os
 import threading
-import time
 import uuid
+from typing import Any
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -58,41 +58,23 @@ def sender(url: str, rate: int, seconds: float, committed: dict[str, float]) -> 
     body = orjson.dumps({"OrderId": 1, "Note": "x" * 400})
     sql = (f'INSERT INTO "{NSB}"."{PROXY}" (Id, Expires, Headers, Body) VALUES '
            "(%s, (now() AT TIME ZONE 'UTC') + (%s || ' ms')::INTERVAL, %s, %s)")
-    with psycopg.connect(libpq(url), autocommit=False) as conn:
-        start = time.monotonic()
-        tick = 0
-        while time.monotonic() - start < seconds:
-            mids = [str(uuid.uuid4()) for _ in range(per_tx)]
-            sent = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z")
-            with conn.cursor() as cur:
-                cur.executemany(sql, [(uuid.uuid4(), None, orjson.dumps({
-                    "NServiceBus.MessageId": m, "NServiceBus.MessageIntent": "Send", "NServiceBus.TimeSent": sent,
-                    "NServiceBus.EnclosedMessageTypes": "Shop.Messages.OrderAccepted, Shop.Messages, Version=1.0.0.0",
-                    "NServiceBus.ContentType": "application/json", "NServiceBus.OriginatingEndpoint": "Shop",
-                }).decode(), body) for m in mids])
-            conn.commit()
-            at = time.time()
-            for m in mids:
-                committed[m] = at
-            tick += 1
-            pause = start + tick * 0.05 - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+
+    def write(conn: Any) -> list[str]:
+        mids = [str(uuid.uuid4()) for _ in range(per_tx)]
+        sent = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S:%f Z")
+        with conn.cursor() as cur:
+            cur.executemany(sql, [(uuid.uuid4(), None, orjson.dumps({
+                "NServiceBus.MessageId": m, "NServiceBus.MessageIntent": "Send", "NServiceBus.TimeSent": sent,
+                "NServiceBus.EnclosedMessageTypes": "Shop.Messages.OrderAccepted, Shop.Messages, Version=1.0.0.0",
+                "NServiceBus.ContentType": "application/json", "NServiceBus.OriginatingEndpoint": "Shop",
+            }).decode(), body) for m in mids])
+        return mids
+
+    lag.paced(url, seconds, write, committed)
 
 
 def observer(url: str, arrived: dict[str, float], duplicates: list[str], stop: threading.Event) -> None:
-    last = 0
-    sql = f'SELECT id, unique_id FROM "{LEGACY}"."{PROXY}" WHERE id > %s ORDER BY id'
-    with psycopg.connect(libpq(url), autocommit=True) as conn:
-        while not stop.is_set():
-            rows = conn.execute(sql, (last,)).fetchall()
-            at = time.time()
-            for key, mid in rows:
-                if mid in arrived:
-                    duplicates.append(mid)
-                arrived[mid] = at
-                last = key
-            time.sleep(0.02)
+    lag.poll(url, f'SELECT id, unique_id FROM "{LEGACY}"."{PROXY}" WHERE id > %s ORDER BY id', arrived, duplicates, stop)
 
 
 def main() -> None:

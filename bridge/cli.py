@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     s = cmd("sync", "one incremental pass over every queue of the job(s)")
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
     s.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
-    cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
+    r = cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
+    r.add_argument("--listen", metavar="HOST:PORT", help="serve Prometheus metrics on http://HOST:PORT/metrics (also [service] listen "
+                   "in the config); an address other than loopback needs QBRIDGE_TOKEN")
     v = cmd("verify", "reconcile source rows with delivered / skipped / quarantined; exit 1 if they do not balance")
     v.add_argument("--json", action="store_true", help="one JSON document on stdout")
     v.add_argument("--deep", action="store_true", help="also compare a content hash of every delivered message still in the target with its source row")
@@ -140,8 +142,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from bridge.scheduler import run_until_stopped
 
-    _, runners = _runners(args)
-    return run_until_stopped(runners)
+    config, runners = _runners(args)
+    listen = args.listen or (config.service.listen if config.service else None)
+    if listen:
+        from bridge.metrics import parse_listen
+
+        parse_listen(listen)  # a bad address is a usage error before anything starts
+    return run_until_stopped(runners, listen)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

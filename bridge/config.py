@@ -166,11 +166,31 @@ class JobConfig(BaseModel):
         return self.source.system == NSB
 
 
+class ServiceConfig(BaseModel):
+    """`[service]`: how `qbridge run` serves its metrics."""
+
+    model_config = ConfigDict(extra="forbid")
+    listen: str | None = None  # HOST:PORT for /metrics
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            from bridge.metrics import parse_listen
+
+            try:
+                parse_listen(value)
+            except Exception as e:
+                raise ValueError(str(e).replace("--listen", "listen")) from None
+        return value
+
+
 class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     connections: dict[str, str]
     jobs: list[JobConfig] = Field(min_length=1)
+    service: ServiceConfig | None = None
 
     def problems(self) -> list[str]:
         """Cross-references pydantic cannot check field by field."""
@@ -242,6 +262,7 @@ class Config:
         self.path = path
         self.connections = data.connections
         self.jobs = data.jobs
+        self.service = data.service
         self._mappings = mappings
 
     def mapping(self, job: JobConfig) -> Mapping:

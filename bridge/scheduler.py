@@ -59,6 +59,8 @@ class JobWorker:
         self.checked = False
         self.standing_by = False
         self.stopped_reason: str | None = None
+        self.last_success: float | None = None  # epoch seconds of the last run without an error
+        self.retries: dict[str, int] = {}  # failed runs retried, by error class
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
@@ -74,6 +76,7 @@ class JobWorker:
                 log.info("job=%s lock taken over; running", self.name)
                 self.standing_by = False
             self._run()
+            self.last_success = time.time()
             if self.failures:
                 log.info("job=%s recovered after %d failed attempt(s)", self.name, self.failures)
             self.failures = 0
@@ -94,6 +97,9 @@ class JobWorker:
     def _failed(self, e: Exception) -> None:
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()
         reason_line = reason[0] if reason else type(e).__name__
+        if is_retryable(e) or not isinstance(e, BridgeError):
+            kind = type(getattr(e, "orig", None) or e).__name__
+            self.retries[kind] = self.retries.get(kind, 0) + 1
         if is_retryable(e):
             self.failures += 1
             delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
@@ -152,10 +158,17 @@ def _describe(job: JobConfig) -> str:
     return f"every {job.schedule.every if job.schedule and job.schedule.every else DEFAULT_EVERY}"
 
 
-def run_until_stopped(runners: list[JobRunner]) -> int:
-    """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error."""
+def run_until_stopped(runners: list[JobRunner], listen: str | None = None) -> int:
+    """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error.
+    `listen` (HOST:PORT) serves Prometheus metrics on /metrics meanwhile."""
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # qbridge logs its own line per batch
     scheduler = Scheduler(runners)
+    server = None
+    if listen:
+        from bridge.metrics import MetricsServer
+
+        server = MetricsServer(listen, scheduler.workers)
+        server.start()
     wake = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -176,3 +189,5 @@ def run_until_stopped(runners: list[JobRunner]) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if server is not None:
+            server.stop()

@@ -128,6 +128,7 @@ class JobRunner:
         # without looking the ledger up first, and the ledger's primary key catches the rare
         # message delivered already (the batch is then redone with the lookup, and so is the rest).
         self._optimistic: set[str] = set()
+        self.on_batch: Any = None  # called with each committed batch's stats (qbridge run's metrics)
 
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
         return message_id_for(source.system, self.database, source.queue, source.ledger_key(row))
@@ -445,6 +446,8 @@ class JobRunner:
         self.state.clear_pending(self.target_engine, self.job.name, queue, cp.version)
 
     def _log(self, s: PassStats) -> None:
+        if self.on_batch is not None and s.read:
+            self.on_batch(s)
         if s.read or s.gaps_given_up:
             log.info(
                 "job=%s queue=%s rows=%d delivered=%d skipped=%d quarantined=%d already=%d consumed=%d "

@@ -1,0 +1,139 @@
+"""`qbridge run --listen HOST:PORT`: Prometheus metrics on `/metrics`, with the official client.
+
+The per-queue numbers are read at scrape time through the same `status()` that `qbridge status
+--json` prints, so both agree by construction. What only the running process knows (batch
+durations, retries, lock ownership, last success) is kept by the scheduler's workers.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from bridge.errors import UsageError
+
+if TYPE_CHECKING:
+    from bridge.scheduler import JobWorker
+
+log = logging.getLogger("qbridge.metrics")
+TOKEN_ENV = "QBRIDGE_TOKEN"
+BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 in brackets); UsageError naming what is wrong."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port
+        raise UsageError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class BridgeCollector(Collector):
+    """Per job and queue, at scrape time, from the same books as `qbridge status --json`."""
+
+    def __init__(self, workers: list[JobWorker]) -> None:
+        self.workers = workers
+
+    def collect(self) -> Iterable[Any]:
+        from bridge.reconcile import status
+
+        messages = CounterMetricFamily("qbridge_messages", "Messages by outcome, from the ledger",
+                                       labels=["job", "queue", "direction", "outcome"])
+        backlog = GaugeMetricFamily("qbridge_backlog_messages", "Messages waiting in the source", labels=["job", "queue"])
+        lag = GaugeMetricFamily("qbridge_lag_seconds", "Age of the oldest message of the last batch (0 without backlog)",
+                                labels=["job", "queue"])
+        gaps = GaugeMetricFamily("qbridge_open_gaps", "Id gaps still watched for late commits", labels=["job", "queue"])
+        held = GaugeMetricFamily("qbridge_job_lock_held", "1 while this process holds the job's lock", labels=["job"])
+        success = GaugeMetricFamily("qbridge_last_success_timestamp_seconds", "When the job last ran without an error",
+                                    labels=["job"])
+        retries = CounterMetricFamily("qbridge_retries", "Failed runs retried after a back-off", labels=["job", "reason"])
+        for w in self.workers:
+            job = w.name
+            direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
+            try:
+                books = status(w.runner)
+            except Exception as e:  # a database that is down must not break the scrape of the others
+                log.warning("job=%s metrics: %s", job, str(getattr(e, "orig", None) or e).splitlines()[0])
+                books = {"queues": []}
+            for q in books["queues"]:
+                labels = [job, q["queue"]]
+                for outcome in ("delivered", "skipped", "quarantined"):
+                    messages.add_metric([*labels, direction, outcome], q[outcome])
+                if q["backlog"] is not None:
+                    backlog.add_metric(labels, q["backlog"])
+                if q["lag_seconds"] is not None:
+                    lag.add_metric(labels, q["lag_seconds"])
+                gaps.add_metric(labels, q["open_gaps"])
+            held.add_metric([job], 1.0 if w.lock.held else 0.0)
+            if w.last_success is not None:
+                success.add_metric([job], w.last_success)
+            for reason, n in sorted(w.retries.items()):
+                retries.add_metric([job, reason], n)
+        yield from (messages, backlog, lag, gaps, held, success, retries)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+class MetricsServer:
+    """`/metrics` on HOST:PORT in a daemon thread; a non-loopback address needs QBRIDGE_TOKEN,
+    sent as `Authorization: Bearer <token>`."""
+
+    def __init__(self, listen: str, workers: list[JobWorker]) -> None:
+        host, port = parse_listen(listen)
+        self.token = os.environ.get(TOKEN_ENV) or None
+        if not is_loopback(host) and not self.token:
+            raise UsageError(f"--listen {listen}: an address other than loopback needs a token; set {TOKEN_ENV} "
+                             "(scrapers then send `Authorization: Bearer <token>`)")
+        self.registry = CollectorRegistry()
+        self.registry.register(BridgeCollector(workers))
+        self.batch = Histogram("qbridge_batch_duration_seconds", "Seconds per committed batch", ["job"],
+                               buckets=BATCH_BUCKETS, registry=self.registry)
+        for w in workers:
+            w.runner.on_batch = lambda stats, job=w.name: self.batch.labels(job).observe(stats.seconds)
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            if self.token and environ.get("HTTP_AUTHORIZATION") != f"Bearer {self.token}":
+                start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+                return [b"a token is required\n"]
+            if environ.get("PATH_INFO") == "/metrics":
+                return metrics(environ, start_response)
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"qbridge serves /metrics\n"]
+
+        try:
+            self.server: WSGIServer = make_server(host, port, app, handler_class=_Quiet)
+        except OSError as e:
+            raise UsageError(f"--listen {listen}: {e.strerror}") from None
+        self.thread = threading.Thread(target=self.server.serve_forever, name="qbridge-metrics", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        log.info("metrics on http://%s:%d/metrics", *self.server.server_address[:2])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+

@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--deep", action="store_true", help="also compare a content hash of every delivered message still in the target with its source row")
     st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
     st.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    qa = cmd("quarantine", "list quarantined messages with their reasons, or show them whole (raw legacy row included)")
+    qa.add_argument("action", choices=["list", "show"], help="list: one line per message; show: everything kept of it")
+    qa.add_argument("--id", nargs="+", dest="ids", metavar="ID", help="only these message ids (from `list`)")
+    qa.add_argument("--all", action="store_true", help="every quarantined message (the default for list)")
+    qa.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ins = cmd("inspect", "decode legacy blobs saved to files and print what qbridge reads from them", config=False, job=False)
     ins.add_argument("kind", choices=sorted(INSPECTORS), help="what the file holds")
     ins.add_argument("files", nargs="+", metavar="FILE", help="the blob (several for biztalk-part: the fragments in order)")
@@ -205,6 +210,36 @@ def cmd_status(args: argparse.Namespace) -> int:
         if r["source_error"]:
             out.print(f"job {r['job']}: legacy database unreachable, backlog unknown: {r['source_error']}", markup=False)
     return 0
+
+
+def cmd_quarantine(args: argparse.Namespace) -> int:
+    if args.action == "show" and not (args.ids or args.all):
+        raise UsageError("quarantine show needs --id ID... (see `qbridge quarantine list`) or --all")
+    _, runners = _runners(args)
+    jobs = []
+    for r in runners:
+        with r.target_engine.connect() as conn:
+            rows = r.state.quarantined(conn, r.job.name, args.ids)
+        if args.action == "list":
+            rows = [{k: v for k, v in row.items() if k != "raw"} for row in rows]
+        jobs.append({"job": r.job.name, "quarantined": rows})
+    if args.ids:
+        found = {row["message_id"] for j in jobs for row in j["quarantined"]}
+        if missing := [i for i in args.ids if i not in found]:
+            err.print(f"qbridge: not in quarantine: {', '.join(missing)}", markup=False, highlight=False)
+    if args.json:
+        sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
+    elif args.action == "list":
+        t = Table(title="qbridge quarantine")
+        for col in ("job", "queue", "source key", "message id", "since", "reason"):
+            t.add_column(col)
+        for j in jobs:
+            for row in j["quarantined"]:
+                t.add_row(j["job"], row["queue"], row["source_key"], row["message_id"], row["at"], row["reason"])
+        out.print(t)
+    else:
+        out.print_json(data={"jobs": jobs})
+    return 1 if args.ids and len({row["message_id"] for j in jobs for row in j["quarantined"]}) < len(set(args.ids)) else 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -244,3 +244,17 @@ class State:
         if numeric:
             stmt = stmt.order_by(sa.cast(l.c.source_key, sa.BigInteger))
         yield from conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000))
+
+    def quarantined(self, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """A job's quarantined rows (all, or these message ids), oldest first, raw rows parsed."""
+        q = self.quarantine
+        stmt = sa.select(q).where(q.c.job == job).order_by(q.c.at, q.c.queue, q.c.source_key)
+        if ids is not None:
+            stmt = stmt.where(q.c.message_id.in_(list(ids)))
+        out = []
+        for r in conn.execute(stmt).mappings():
+            row = {str(k): v for k, v in r.items()}
+            row["raw"] = orjson.loads(row["raw"])
+            row["at"] = row["at"].replace(tzinfo=UTC).isoformat()
+            out.append(row)
+        return out

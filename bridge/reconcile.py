@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bridge.pipeline.loop import JobRunner
+from bridge.pipeline.loop import SCAN_CHUNK, JobRunner, chunked
 from bridge.timefmt import utcnow
 
 
@@ -102,7 +102,6 @@ def _books(runner: JobRunner) -> JobBooks:
     return JobBooks(job, books, unroutable)
 
 
-CHUNK = 10_000  # keys held at once: verify streams both sides, whatever the queue's size
 
 
 def _monotonic_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any,
@@ -123,7 +122,7 @@ def _monotonic_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connecti
             b.pending += 1
         else:
             unexplained.append(str(key))
-            if len(unexplained) >= CHUNK:
+            if len(unexplained) >= SCAN_CHUNK:
                 _explain(runner, tconn, source, unexplained, b)
                 unexplained = []
     b.source_gone += sum(1 for _ in ledger) + (entry is not None)
@@ -144,14 +143,8 @@ def _explain(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[st
 
 
 def _chunks(keys: Any) -> Any:
-    chunk: list[str] = []
-    for k in keys:
-        chunk.append(str(k))
-        if len(chunk) >= CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+    """Keys as strings, in lists of SCAN_CHUNK: verify streams both sides, whatever the size."""
+    return chunked(str(k) for k in keys)
 
 
 def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, b: QueueBooks) -> None:
@@ -171,10 +164,10 @@ def _queue_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, 
     for outcome, n in counts.items():
         setattr(b, outcome, n)
     b.source_rows = sum(counts.values())
-    keys = list(source.queued_keys(sconn))
-    known = _outcomes_by_id(runner, tconn, source, keys)
-    b.pending = len(known)
-    b.backlog = len(keys) - len(known)
+    for keys in _chunks(source.queued_keys(sconn)):
+        known = _outcomes_by_id(runner, tconn, source, keys)
+        b.pending += len(known)
+        b.backlog += len(keys) - len(known)
 
 
 def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str]) -> dict[str, str]:

@@ -35,10 +35,11 @@ from bridge.targets.writer import TargetWriter
 from bridge.timefmt import utcnow
 
 log = logging.getLogger("qbridge.batch")
-SCAN_CHUNK = 10_000  # keys a scan pass holds at once
+SCAN_CHUNK = 10_000  # keys a scan pass (or verify) holds at once
 
 
-def _chunked(items: Any, size: int) -> Any:
+def chunked(items: Any, size: int = SCAN_CHUNK) -> Any:
+    """Lists of up to `size` items from an iterable, streamed."""
     chunk: list[Any] = []
     for item in items:
         chunk.append(item)
@@ -360,7 +361,7 @@ class JobRunner:
         more = False
         keys = source.iter_keys(sconn)
         try:
-            for chunk in _chunked(keys, SCAN_CHUNK):
+            for chunk in chunked(keys, SCAN_CHUNK):
                 ids, seen = self.ledger_lookup(tconn, source, chunk)
                 for k in chunk:
                     outcome = seen.get(ids[k])
@@ -385,7 +386,7 @@ class JobRunner:
                  known: dict[str, str] | None = None
                  ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
         ids = [str(self.message_id(source, r)) for r in rows]
-        if known is None:  # a scan source's pass has just looked these up
+        if known is None:  # scan passes looked their keys up already (and pass {})
             known = self.state.known(tconn, ids)
         outs: list[Any] = []
         entries: list[LedgerEntry] = []

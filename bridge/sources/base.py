@@ -200,7 +200,7 @@ class ScanSource(Source):
         return [tuple(r) for r in conn.execute(stmt)]
 
     def count_after(self, conn: sa.Connection, after: int | None) -> int:
-        return sum(1 for _ in self.iter_keys(conn))
+        return self.count_keys(conn)
 
     def keys_upto(self, conn: sa.Connection, high: int) -> Iterator[Any]:
         yield from self.iter_keys(conn)

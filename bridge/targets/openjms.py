@@ -61,27 +61,31 @@ class OpenJMSTarget(Target):
         self.prefix = mapping.jms.header_prefix
         self.destinations: dict[str, tuple[int, bool]] = {}
         self.consumers: dict[int, list[tuple[str, int]]] = {}
-        self.sequence = 0
+        self.sequence: int | None = None  # read from the store by the first batch
 
     @property
     def state_schema(self) -> str | None:
         return None if self.backend == "sqlite" else self.job.target.schema_
 
     def begin_batch(self, conn: sa.Connection) -> None:
-        """Destinations and consumers as the store has them now, and the next sequence number."""
-        insp = sa.inspect(conn)
-        missing = [n for n in ("destinations", "messages", "message_handles", "consumers")
-                   if not insp.has_table(n, schema=self.state_schema)]
-        if missing:
-            raise TargetSchemaError(f"the OpenJMS target has no {', '.join(missing)} table(s): not an OpenJMS 0.7.6+ store "
-                                    "(create it with OpenJMS's dbtool)")
+        """Destinations and consumers as the store has them now (durable subscribers come and
+        go); the store's check and its highest sequence number only once per process."""
         d, c, h = self.t["destinations"], self.t["consumers"], self.t["message_handles"]
+        if self.sequence is None:
+            insp = sa.inspect(conn)
+            missing = [n for n in ("destinations", "messages", "message_handles", "consumers")
+                       if not insp.has_table(n, schema=self.state_schema)]
+            if missing:
+                raise TargetSchemaError(f"the OpenJMS target has no {', '.join(missing)} table(s): not an OpenJMS 0.7.6+ "
+                                        "store (create it with OpenJMS's dbtool)")
+            # The server's own counter restarts with it and only breaks ties between equal accept
+            # times, so one read of the store's highest, then counting on, is all it needs.
+            self.sequence = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(h.c.sequencenumber), 0))).scalar_one())
         self.destinations = {name: (int(did), is_queue(q)) for name, q, did in
                              conn.execute(sa.select(d.c.name, d.c.isqueue, d.c.destinationid))}
         self.consumers = {}
         for name, did, cid in conn.execute(sa.select(c.c.name, c.c.destinationid, c.c.consumerid).order_by(c.c.consumerid)):
             self.consumers.setdefault(int(did), []).append((name, int(cid)))
-        self.sequence = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(h.c.sequencenumber), 0))).scalar_one())
 
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> JmsRows | Skipped:
         name = self.rules.destination(msg, self.system, self.identity)
@@ -101,6 +105,7 @@ class OpenJMSTarget(Target):
         mid = msg.source.key
         jms_id = f"ID:{mid}" if len(mid) + 3 <= MESSAGE_ID_MAX and mid.isascii() else f"ID:{msg.message_id}"
         accepted = _epoch_ms(utcnow())
+        assert self.sequence is not None  # begin_batch ran
         self.sequence += 1
         jms = self._jms(msg, name, queue, jms_id, accepted)
         expiry = jms.headers["JMSExpiration"]

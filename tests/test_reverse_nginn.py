@@ -403,3 +403,23 @@ def test_migrate_runs_both_directions(two_way) -> None:
     assert tw.nsb_count("Orders") == 40 and tw.nsb_count("Sender") == 0
     assert sorted(r["unique_id"] for r in tw.rows(tw.sender)) == sorted(h["NServiceBus.MessageId"] for h in sent)
     assert tw.cli("verify") == 0
+
+
+@pytest.mark.postgres
+def test_a_late_commit_in_the_proxy_queue_is_not_skipped(two_way) -> None:
+    """A send whose transaction commits after a later one was moved (lower seq, later commit)."""
+    tw = two_way()
+    ep = Endpoint(tw.engine, tw.nsb_schema, "Orders")
+    late_headers = ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send")
+    early = ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send")
+    with tw.engine.connect() as slow:
+        tx = slow.begin()  # takes a seq first, commits last
+        slow.execute(sa.text(f'insert into "{tw.nsb_schema}"."Sender" (id, headers, body) values (gen_random_uuid(), :h, :b)'),
+                     {"h": orjson.dumps(late_headers).decode(), "b": b'{"n":1}'})
+        ep.send(ep.address("Sender"), early, b'{"n":2}')
+        assert tw.cli("sync", "--once", "--job", "to-legacy") == 0
+        assert [r["unique_id"] for r in tw.rows(tw.sender)] == [early["NServiceBus.MessageId"]]
+        tx.commit()
+    assert tw.cli("sync", "--once", "--job", "to-legacy") == 0
+    assert sorted(r["unique_id"] for r in tw.rows(tw.sender)) == sorted([early["NServiceBus.MessageId"], late_headers["NServiceBus.MessageId"]])
+    assert tw.nsb_count("Sender") == 0 and tw.cli("verify", "--job", "to-legacy") == 0

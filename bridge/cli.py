@@ -55,10 +55,15 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--deep", action="store_true", help="also compare a content hash of every delivered message still in the target with its source row")
     st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
     st.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    qa = cmd("quarantine", "list quarantined messages with their reasons, or show them whole (raw legacy row included)")
-    qa.add_argument("action", choices=["list", "show"], help="list: one line per message; show: everything kept of it")
+    qa = cmd("quarantine", "list, show, replay or discard quarantined messages; history shows what was done to them")
+    qa.add_argument("action", choices=["list", "show", "replay", "discard", "history"],
+                    help="list: one line per message; show: everything kept of it; replay: decode and map the kept row "
+                         "again with the current config and deliver it once; discard: give it up, with --why; "
+                         "history: the audit trail of replays and discards")
     qa.add_argument("--id", nargs="+", dest="ids", metavar="ID", help="only these message ids (from `list`)")
-    qa.add_argument("--all", action="store_true", help="every quarantined message (the default for list)")
+    qa.add_argument("--all", action="store_true", help="every quarantined message (the default for list and history)")
+    qa.add_argument("--why", metavar="TEXT", help="why (kept in the audit trail; required for discard)")
+    qa.add_argument("--by", metavar="NAME", help="who, for the audit trail (default: the login name)")
     qa.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ins = cmd("inspect", "decode legacy blobs saved to files and print what qbridge reads from them", config=False, job=False)
     ins.add_argument("kind", choices=sorted(INSPECTORS), help="what the file holds")
@@ -213,8 +218,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_quarantine(args: argparse.Namespace) -> int:
-    if args.action == "show" and not (args.ids or args.all):
-        raise UsageError("quarantine show needs --id ID... (see `qbridge quarantine list`) or --all")
+    if args.action in ("show", "replay", "discard") and not (args.ids or args.all):
+        raise UsageError(f"quarantine {args.action} needs --id ID... (see `qbridge quarantine list`) or --all")
+    if args.ids and args.all:
+        raise UsageError(f"quarantine {args.action}: give --id or --all, not both")
+    if args.action == "discard" and not (args.why or "").strip():
+        raise UsageError("quarantine discard needs --why TEXT: the audit trail keeps who discarded what, and why")
+    if args.action in ("replay", "discard"):
+        return _quarantine_settle(args)
+    if args.action == "history":
+        return _quarantine_history(args)
     _, runners = _runners(args)
     jobs = []
     for r in runners:
@@ -240,6 +253,52 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     else:
         out.print_json(data={"jobs": jobs})
     return 1 if args.ids and len({row["message_id"] for j in jobs for row in j["quarantined"]}) < len(set(args.ids)) else 0
+
+
+def _quarantine_settle(args: argparse.Namespace) -> int:
+    from bridge.quarantine import QuarantineDesk, operator
+
+    _, runners = _runners(args)
+    actor = (args.by or "").strip() or operator()
+    results = []
+    for r in runners:
+        desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
+        results += desk.replay(args.ids) if args.action == "replay" else desk.discard(args.ids)
+    done = {o.message_id for o in results}
+    missing = [i for i in (args.ids or []) if i not in done]
+    if missing:
+        err.print(f"qbridge: not in quarantine: {', '.join(missing)}", markup=False, highlight=False)
+    if args.json:
+        sys.stdout.write(orjson.dumps({"actor": actor, "results": [o.as_dict() for o in results]}).decode() + "\n")
+    else:
+        t = Table(title=f"qbridge quarantine {args.action} (by {actor})")
+        for col in ("job", "queue", "message id", "did", "now", "detail"):
+            t.add_column(col)
+        for o in results:
+            t.add_row(o.job, o.queue, o.message_id, o.action, o.outcome, o.detail)
+        out.print(t)
+    failed = [o for o in results if o.action == "replay-failed"]
+    return 1 if failed or missing else 0
+
+
+def _quarantine_history(args: argparse.Namespace) -> int:
+    _, runners = _runners(args)
+    jobs = []
+    for r in runners:
+        with r.target_engine.connect() as conn:
+            jobs.append({"job": r.job.name, "history": r.state.audit_trail(conn, r.job.name, args.ids)})
+    if args.json:
+        sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
+        return 0
+    t = Table(title="qbridge quarantine history")
+    for col in ("at", "job", "queue", "message id", "did", "now", "by", "why", "had been quarantined for", "detail"):
+        t.add_column(col)
+    for j in jobs:
+        for h in j["history"]:
+            t.add_row(h["at"], j["job"], h["queue"], h["message_id"], h["action"], h["outcome"], h["actor"], h["why"] or "",
+                      h["reason"], h["detail"] or "")
+    out.print(t)
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -23,3 +23,17 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return repr(value)
+
+
+def restore(value: Any, time: bool = False) -> Any:
+    """`json_safe` undone: base64 objects become bytes again, and a column known to hold times
+    (`time`) an ISO 8601 string a datetime (naive or aware, as it was read)."""
+    if isinstance(value, dict):
+        if set(value) == {"base64"}:
+            return base64.b64decode(value["base64"])
+        return {k: restore(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore(v) for v in value]
+    if time and isinstance(value, str):
+        return datetime.fromisoformat(value)
+    return value

@@ -24,6 +24,7 @@ from bridge.timefmt import UTC, utcnow
 LEDGER = "qbridge_ledger"
 CHECKPOINT = "qbridge_checkpoint"
 QUARANTINE = "qbridge_quarantine"
+AUDIT = "qbridge_quarantine_audit"
 OUTCOMES = ("delivered", "skipped", "quarantined")
 
 
@@ -67,7 +68,28 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         sa.Column("at", sa.DateTime(), nullable=False),
         schema=schema,
     )
-    return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine}
+    # What operators did to quarantined messages: the row leaves the quarantine for here, never
+    # for nowhere, with who did it, why, and what became of the message.
+    audit = sa.Table(
+        AUDIT, md,
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
+        sa.Column("at", sa.DateTime(), nullable=False),
+        sa.Column("job", sa.String(128), nullable=False),
+        sa.Column("queue", sa.String(128), nullable=False),
+        sa.Column("message_id", sa.String(36), nullable=False),
+        sa.Column("source_key", sa.String(200), nullable=False),
+        sa.Column("action", sa.String(20), nullable=False),  # replayed | replay-failed | discarded
+        sa.Column("outcome", sa.String(12), nullable=False),  # what the ledger says afterwards
+        sa.Column("actor", sa.String(128), nullable=False),
+        sa.Column("why", sa.Text()),
+        sa.Column("reason", sa.Text(), nullable=False),  # the quarantine reason it had
+        sa.Column("detail", sa.Text()),  # the new reason, or where it was delivered
+        sa.Column("quarantined_at", sa.DateTime(), nullable=False),
+        sa.Column("raw", sa.Text(), nullable=False),
+        sa.Index("ix_qbridge_quarantine_audit_job", "job", "at"),
+        schema=schema,
+    )
+    return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit}
 
 
 def _naive(dt: datetime) -> datetime:
@@ -108,10 +130,10 @@ class State:
 
     def __init__(self, schema: str | None) -> None:
         t = state_tables(schema)
-        self.ledger, self.checkpoint, self.quarantine = t["ledger"], t["checkpoint"], t["quarantine"]
+        self.ledger, self.checkpoint, self.quarantine, self.audit = t["ledger"], t["checkpoint"], t["quarantine"], t["audit"]
 
     def all_tables(self) -> list[sa.Table]:
-        return [self.ledger, self.checkpoint, self.quarantine]
+        return [self.ledger, self.checkpoint, self.quarantine, self.audit]
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:
@@ -183,6 +205,16 @@ class State:
             conn.execute(
                 sa.update(c).where(c.c.job == job, c.c.queue == queue, c.c.version == version).values(pending=None)
             )
+
+    def add_pending(self, conn: sa.Connection, job: str, queue: str, keys: Sequence[Any]) -> tuple[list[Any], int]:
+        """Adds source keys for the next pass to consume should this process die before it does
+        (quarantine replay); returns every pending key and the checkpoint's new version."""
+        cp = self.lock_checkpoint(conn, job, queue)
+        c = self.checkpoint
+        pending = [*cp.pending, *keys]
+        conn.execute(sa.update(c).where(c.c.job == job, c.c.queue == queue)
+                     .values(pending=orjson.dumps(pending).decode(), version=cp.version + 1))
+        return pending, cp.version + 1
 
     # -- ledger ----------------------------------------------------------------------------
     def known(self, conn: sa.Connection, ids: Sequence[uuid.UUID | str]) -> dict[str, str]:
@@ -256,5 +288,21 @@ class State:
             row = {str(k): v for k, v in r.items()}
             row["raw"] = orjson.loads(row["raw"])
             row["at"] = row["at"].replace(tzinfo=UTC).isoformat()
+            out.append(row)
+        return out
+
+    def audit_trail(self, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """What was done to a job's quarantined messages, oldest first (raw rows left out)."""
+        a = self.audit
+        if not sa.inspect(conn).has_table(a.name, schema=a.schema):
+            return []  # created by the first replay or discard
+        stmt = sa.select(*(c for c in a.c if c.name not in ("raw", "id"))).where(a.c.job == job).order_by(a.c.at, a.c.id)
+        if ids is not None:
+            stmt = stmt.where(a.c.message_id.in_(list(ids)))
+        out = []
+        for r in conn.execute(stmt).mappings():
+            row = {str(k): v for k, v in r.items()}
+            for k in ("at", "quarantined_at"):
+                row[k] = row[k].replace(tzinfo=UTC).isoformat()
             out.append(row)
         return out

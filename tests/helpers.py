@@ -158,13 +158,13 @@ def local(dt: datetime, hours: float = 0) -> datetime:
     return dt + timedelta(hours=hours)
 
 
-def kill_at(b: Bridge, point: str, tmp: Path) -> None:
-    """Runs `qbridge sync --once`, waits until it is frozen at fault point `point`, SIGKILLs it."""
+def kill_at(b: Bridge, point: str, tmp: Path, command: tuple[str, ...] = ("sync", "--once")) -> None:
+    """Runs `qbridge sync --once` (or `command`), waits until it is frozen at fault point `point`, SIGKILLs it."""
     import signal
     import time
 
     marker = tmp / f"paused-{point}"
-    proc = b.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": point, "QBRIDGE_FAULT_FILE": str(marker)})
+    proc = b.spawn(*command, env={"QBRIDGE_FAULT_PAUSE": point, "QBRIDGE_FAULT_FILE": str(marker)})
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert proc.poll() is None, proc.communicate()

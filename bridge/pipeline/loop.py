@@ -404,16 +404,7 @@ class JobRunner:
                 if lock and row.consumable and (seen != "quarantined" or take_quarantined):
                     consume.append(row.key)
                 continue
-            try:
-                msg = source.decode(row)
-                result = self.target.envelope(msg, translated)
-            except BadRow as e:
-                result = None
-                reason = str(e)
-            except Exception as e:  # a bug must not block the rows behind it: keep the row, say why
-                log.exception("job=%s queue=%s key=%s: unexpected error while decoding", self.job.name, source.queue, key)
-                result = None
-                reason = f"unexpected {type(e).__name__}: {e}"
+            msg, result, reason = self.map_row(source, row, translated)
             if result is None:
                 quarantined.append(Quarantined(mid, key, reason, source.raw(row)))
                 entries.append(LedgerEntry(mid, key, "quarantined", reason=reason))
@@ -434,6 +425,19 @@ class JobRunner:
         if oldest is not None:
             stats.lag_seconds = max(0.0, (now - oldest).total_seconds())
         return outs, entries, quarantined, consume
+
+    def map_row(self, source: Source, row: SourceRow, translated: frozenset[str] = frozenset()
+                ) -> tuple[Any, Any, str]:
+        """(message, what the target makes of it, "") or (None, None, why it is quarantined)."""
+        try:
+            msg = source.decode(row)
+            return msg, self.target.envelope(msg, translated), ""
+        except BadRow as e:
+            return None, None, str(e)
+        except Exception as e:  # a bug must not block the rows behind it: keep the row, say why
+            log.exception("job=%s queue=%s key=%s: unexpected error while decoding", self.job.name, source.queue,
+                          source.ledger_key(row))
+            return None, None, f"unexpected {type(e).__name__}: {e}"
 
     def _consume_pending(self, queue: str) -> None:
         """A crash after the target commit left delivered rows unconsumed: consume them now."""

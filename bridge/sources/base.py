@@ -44,6 +44,8 @@ class Source:
     # Set when the target cannot hold a message until its due time: delayed rows are read only
     # once due (sources with a delayed store of their own).
     due_only: bool = False
+    # Columns holding times, so that a row kept in quarantine as JSON can be read again.
+    time_columns: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         self.job = job
@@ -128,6 +130,13 @@ class Source:
         from bridge.jsonsafe import json_safe
 
         return {str(k): json_safe(v) for k, v in row.values.items()}
+
+    def from_raw(self, raw: dict[str, Any], ledger_key: str) -> SourceRow:
+        """The row a quarantined message was read from, rebuilt from what `raw` kept (replay)."""
+        from bridge.jsonsafe import restore
+
+        return SourceRow(key=ledger_key, consumable=True,
+                         values={k: restore(v, k in self.time_columns) for k, v in raw.items()})
 
 
 def tuple_after(columns: Sequence[sa.ColumnElement], values: Sequence[Any], dialect: str = "mssql") -> sa.ColumnElement[bool]:

@@ -69,6 +69,7 @@ def subscription_table(name: str, schema: str | None = None, metadata: sa.MetaDa
 class NGinnSource(Source):
     system: ClassVar[str] = "nginn"
     translated_headers: ClassVar[frozenset[str]] = codec.TRANSLATED
+    time_columns: ClassVar[frozenset[str]] = frozenset({"insert_time", "retry_time", "last_processed"})
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)
@@ -170,6 +171,10 @@ class NGinnSource(Source):
             .values(subqueue="X", last_processed=now_local)
         )
         return conn.execute(stmt).rowcount
+
+    def from_raw(self, raw: dict[str, Any], ledger_key: str) -> SourceRow:
+        row = super().from_raw(raw, ledger_key)
+        return SourceRow(key=int(ledger_key), consumable=row.values.get("subqueue") in CONSUMABLE, values=row.values)
 
     # -- decoding --------------------------------------------------------------------------
     def decode(self, row: SourceRow) -> CanonicalMessage:

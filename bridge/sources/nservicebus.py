@@ -107,14 +107,25 @@ class NServiceBusSource(Source):
             "body": None if body is None else bytes(body),
             "expires": r[expires] if expires else None, "due": r[due] if due else None,
         }
+        return SourceRow(key=f"{kind}:{key}", consumable=True, values=self._parse_headers(values))
+
+    @staticmethod
+    def _parse_headers(values: dict[str, Any]) -> dict[str, Any]:
         try:
-            parsed = orjson.loads(text)
+            parsed = orjson.loads(values["headers"])
             if not isinstance(parsed, dict) or not all(isinstance(v, str) for v in parsed.values()):
                 raise ValueError("not a JSON object of string values")
             values["_headers"] = parsed
-        except ValueError as e:
+        except (ValueError, TypeError) as e:
             values["_headers_error"] = str(e)
-        return SourceRow(key=f"{kind}:{key}", consumable=True, values=values)
+        return values
+
+    def from_raw(self, raw: dict[str, Any], ledger_key: str) -> SourceRow:
+        from bridge.jsonsafe import restore
+
+        values = {k: restore(v, k in ("expires", "due")) for k, v in raw.items()}
+        kind = QUEUE if values.get("table") == self.queue_table.name else DELAYED
+        return SourceRow(key=f"{kind}:{values.get('key')}", consumable=True, values=self._parse_headers(values))
 
     def ledger_key(self, row: SourceRow) -> str:
         mid = row.values.get("_headers", {}).get(MESSAGE_ID)

@@ -1,0 +1,193 @@
+"""`qbridge quarantine replay|discard`: what an operator does about a quarantined message.
+
+Replay reads the kept raw row again with the job's current mapping (the operator fixed the
+mapping, or the code) and delivers it in one target transaction that also turns its ledger
+entry from quarantined into delivered (or skipped) and moves the quarantine row into the audit
+trail. The ledger row is locked and checked first, so two operators, or an operator and a
+running `qbridge run`, can never deliver it twice. A row that still fails stays quarantined
+with its new reason. Discard records who and why, and makes the ledger entry a skip, so that
+`verify` keeps balancing: nothing leaves the quarantine without a line in the audit trail.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from bridge import faults
+from bridge.db import unique_violation
+from bridge.pipeline.loop import JobRunner
+from bridge.targets.base import Skipped
+from bridge.timefmt import UTC, utcnow
+
+log = logging.getLogger("qbridge.quarantine")
+
+
+def operator() -> str:
+    """Who is at the keyboard, for the audit trail."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in the environment (a container): say so rather than guess
+        return "unknown"
+
+
+@dataclass
+class Outcome:
+    """What replay or discard did to one quarantined message."""
+
+    job: str
+    queue: str
+    message_id: str
+    source_key: str
+    action: str  # replayed | replay-failed | discarded | not-quarantined
+    outcome: str  # the ledger's word afterwards
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+class _AlreadyThere(Exception):
+    """The target holds the message's id already (the transaction was rolled back)."""
+
+
+def _naive(value: Any) -> Any:
+    return value.astimezone(UTC).replace(tzinfo=None)
+
+
+class QuarantineDesk:
+    """Replay and discard for one job, against its target database."""
+
+    def __init__(self, runner: JobRunner, actor: str, why: str | None) -> None:
+        self.runner = runner
+        self.state = runner.state
+        self.actor = actor
+        self.why = why
+        self.state.audit.create(runner.target_engine, checkfirst=True)  # a database set up before the audit trail existed
+
+    def replay(self, ids: list[str] | None) -> list[Outcome]:
+        out = []
+        for q in self._rows(ids):
+            out.append(self._replay_one(q))
+        return out
+
+    def discard(self, ids: list[str] | None) -> list[Outcome]:
+        out = []
+        for q in self._rows(ids):
+            with self.runner.target_engine.connect() as tconn, tconn.begin():
+                if not self._still_quarantined(tconn, q):
+                    out.append(self._gone(q))
+                    continue
+                reason = f"discarded by {self.actor}: {self.why}"[:500]
+                self._settle(tconn, q, "discarded", "skipped", reason, target=None, ledger_reason=reason)
+            log.info("job=%s queue=%s message %s discarded by %s: %s", self.runner.job.name, q["queue"], q["message_id"],
+                     self.actor, self.why)
+            out.append(Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "discarded", "skipped", reason))
+        return out
+
+    # -- one message -----------------------------------------------------------------------
+    def _rows(self, ids: list[str] | None) -> list[dict[str, Any]]:
+        with self.runner.target_engine.connect() as conn:
+            return self.state.quarantined(conn, self.runner.job.name, ids)
+
+    def _replay_one(self, q: dict[str, Any]) -> Outcome:
+        r = self.runner
+        job = r.job.name
+        source = r.sources.get(q["queue"])
+        if source is None:
+            reason = f"queue {q['queue']!r} is no longer in job {job!r}: put it back in the config to replay this message"
+            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined", reason)
+        row = source.from_raw(q["raw"], q["source_key"])
+        msg, result, reason = r.map_row(source, row, getattr(source, "translated_headers", frozenset()))
+        # Move mode consumes the legacy row once the message is out, as a pass does: the target
+        # commits first, with the key in the checkpoint's pending list, so that if this process
+        # dies before the legacy commit the job's next pass consumes it.
+        consume = [row.key] if r.job.mode == "move" and row.consumable and not source.consumes_quarantined else []
+        try:
+            action, outcome, detail, version, consume = self._deliver(q, source.queue, result, reason, consume)
+        except _AlreadyThere as e:
+            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined", str(e))
+        if action == "not-quarantined":
+            return self._gone(q)
+        if version is not None:
+            with r.source_engine.connect() as sconn, sconn.begin():
+                source.consume(sconn, consume)
+            self.state.clear_pending(r.target_engine, job, source.queue, version)
+        log.info("job=%s queue=%s message %s %s (%s) by %s", job, q["queue"], q["message_id"], action, detail, self.actor)
+        return Outcome(job, q["queue"], q["message_id"], q["source_key"], action, outcome, detail)
+
+    def _deliver(self, q: dict[str, Any], queue: str, result: Any, reason: str, consume: list[Any]
+                 ) -> tuple[str, str, str, int | None, list[Any]]:
+        """One target transaction: the message written, its ledger entry settled, the audit line,
+        the legacy key left for consuming; returns with the checkpoint version that holds it and
+        every key pending there (an earlier replay's or pass's, cut off before it consumed)."""
+        r = self.runner
+        version = None
+        r._prepare(queue)
+        with r.target_engine.connect() as tconn, tconn.begin():
+            if not self._still_quarantined(tconn, q):
+                return "not-quarantined", "", "", None, []
+            if result is None:
+                self._still_failing(tconn, q, reason)
+                action, outcome, detail = "replay-failed", "quarantined", reason
+            elif isinstance(result, Skipped):
+                self._settle(tconn, q, "replayed", "skipped", result.reason, target=None, ledger_reason=result.reason)
+                action, outcome, detail = "replayed", "skipped", result.reason
+            else:
+                r.target.begin_batch(tconn)
+                try:
+                    r.target.write(tconn, [result])
+                except sa.exc.IntegrityError as e:
+                    if not unique_violation(e):
+                        raise
+                    raise _AlreadyThere(f"a message with id {q['message_id']} is in the {r.target.system} tables already; "
+                                        "left in quarantine, nothing written") from None
+                where = r.target.ledger_target(result)
+                self._settle(tconn, q, "replayed", "delivered", where or "", target=where, ledger_reason=None)
+                action, outcome, detail = "replayed", "delivered", where or ""
+            if outcome != "quarantined" and consume:
+                consume, version = self.state.add_pending(tconn, r.job.name, queue, consume)
+            faults.reached("replay_before_commit")
+        faults.reached("replay_after_commit")
+        return action, outcome, detail, version, consume
+
+    def _still_quarantined(self, tconn: sa.Connection, q: dict[str, Any]) -> bool:
+        """Locks the ledger entry; False when someone settled it since it was listed."""
+        l = self.state.ledger
+        stmt = sa.select(l.c.outcome).where(l.c.message_id == q["message_id"])
+        if tconn.dialect.name != "sqlite":
+            stmt = stmt.with_for_update()
+        return tconn.execute(stmt).scalar_one_or_none() == "quarantined"
+
+    def _gone(self, q: dict[str, Any]) -> Outcome:
+        return Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "not-quarantined", "",
+                       "settled by someone else since it was listed; nothing done")
+
+    def _still_failing(self, tconn: sa.Connection, q: dict[str, Any], reason: str) -> None:
+        s = self.state
+        tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]).values(reason=reason))
+        tconn.execute(sa.update(s.ledger).where(s.ledger.c.message_id == q["message_id"]).values(reason=reason[:500]))
+        self._audit(tconn, q, "replay-failed", "quarantined", reason)
+
+    def _settle(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str,
+                target: str | None, ledger_reason: str | None) -> None:
+        s = self.state
+        tconn.execute(sa.update(s.ledger).where(s.ledger.c.message_id == q["message_id"])
+                      .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
+                              at=_naive(utcnow())))
+        self._audit(tconn, q, action, outcome, detail)
+        tconn.execute(sa.delete(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]))
+
+    def _audit(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str) -> None:
+        tconn.execute(sa.insert(self.state.audit).values(
+            at=_naive(utcnow()), job=self.runner.job.name, queue=q["queue"], message_id=q["message_id"],
+            source_key=q["source_key"], action=action, outcome=outcome, actor=self.actor, why=self.why,
+            reason=q["reason"], detail=detail, quarantined_at=_naive(datetime.fromisoformat(q["at"])),
+            raw=orjson.dumps(q["raw"]).decode(),
+        ))

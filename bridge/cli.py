@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
     s.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
     r = cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
-    r.add_argument("--listen", metavar="HOST:PORT", help="serve Prometheus metrics on http://HOST:PORT/metrics (also [service] listen "
+    r.add_argument("--listen", metavar="HOST:PORT", help="serve the status page on http://HOST:PORT/ and Prometheus metrics on /metrics (also [service] listen "
                    "in the config); an address other than loopback needs QBRIDGE_TOKEN")
     v = cmd("verify", "reconcile source rows with delivered / skipped / quarantined; exit 1 if they do not balance")
     v.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -158,7 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from bridge.metrics import parse_listen
 
         parse_listen(listen)  # a bad address is a usage error before anything starts
-    return run_until_stopped(runners, listen)
+    return run_until_stopped(runners, listen, str(args.config))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -16,12 +16,15 @@ import fcntl
 import hashlib
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import IO, Any
 
 import sqlalchemy as sa
 
 log = logging.getLogger("qbridge.run")
+# How this process names itself where others can see it (PostgreSQL's application_name).
+IDENTITY = f"qbridge run on {socket.gethostname()} pid {os.getpid()}"
 
 
 def lock_name(job: str) -> str:
@@ -80,6 +83,9 @@ class JobLock:
             conn.close()
             raise
         if got in (1, True):
+            if self.engine.dialect.name == "postgresql":  # so that `holder()` elsewhere can say who
+                conn.execute(sa.text("SELECT set_config('application_name', :n, false)"), {"n": IDENTITY[:63]})
+                conn.commit()
             self._conn = conn
             return True
         conn.close()
@@ -99,6 +105,30 @@ class JobLock:
         f.flush()
         self._file = f
         return True
+
+    def holder(self) -> str:
+        """Who holds the lock: this process, another one (named where the database can say), or nobody."""
+        if self.held:
+            return f"this process ({IDENTITY})"
+        dialect = self.engine.dialect.name
+        try:
+            with self.engine.connect() as conn:
+                if dialect == "postgresql":
+                    key = advisory_key(self.name)
+                    row = conn.execute(sa.text(
+                        "SELECT a.application_name, a.client_addr, a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                        "AND l.classid::bigint = :hi AND l.objid::bigint = :lo"),
+                        {"hi": (key >> 32) & 0xFFFFFFFF, "lo": key & 0xFFFFFFFF}).first()
+                    if row is None:
+                        return "nobody"
+                    return f"{row[0] or 'a session'} (backend pid {row[2]}{f', from {row[1]}' if row[1] else ''})"
+                if dialect in ("mysql", "mariadb"):
+                    cid = conn.execute(sa.text("SELECT IS_USED_LOCK(:n)"), {"n": self.name[:64]}).scalar()
+                    return "nobody" if cid is None else f"another process (connection {cid})"
+        except sa.exc.SQLAlchemyError as e:
+            return f"unknown: {str(getattr(e, 'orig', e)).splitlines()[0]}"
+        return "not this process"
 
     def release(self) -> None:
         if self._conn is not None:

@@ -1,25 +1,31 @@
-"""`qbridge run --listen HOST:PORT`: Prometheus metrics on `/metrics`, with the official client.
+"""`qbridge run --listen HOST:PORT`: Prometheus metrics on `/metrics`, with the official client,
+and the status page on `/` (bridge.statuspage) with its numbers as JSON on `/status.json`.
 
 The per-queue numbers are read at scrape time through the same `status()` that `qbridge status
 --json` prints, so both agree by construction. What only the running process knows (batch
-durations, retries, lock ownership, last success) is kept by the scheduler's workers.
+durations, retries, lock ownership, last success, the last hour) is kept by the scheduler's workers.
 """
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import logging
 import os
 import threading
 from collections.abc import Iterable
+from urllib.parse import parse_qs
 from typing import TYPE_CHECKING, Any
+from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import orjson
 from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bridge.errors import UsageError
+from bridge.statuspage import History, render
 
 if TYPE_CHECKING:
     from bridge.scheduler import JobWorker
@@ -96,42 +102,76 @@ class _Quiet(WSGIRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
 
-class MetricsServer:
-    """`/metrics` on HOST:PORT in a daemon thread; a non-loopback address needs QBRIDGE_TOKEN,
-    sent as `Authorization: Bearer <token>`."""
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """A thread per request: a browser's idle pre-opened connection must not hold up a scrape."""
 
-    def __init__(self, listen: str, workers: list[JobWorker]) -> None:
+    daemon_threads = True
+
+
+class MetricsServer:
+    """`/metrics`, `/` and `/status.json` on HOST:PORT in a daemon thread, read-only (GET and HEAD).
+    A non-loopback address needs QBRIDGE_TOKEN, sent as `Authorization: Bearer <token>` or, from a
+    browser, as `?token=<token>`."""
+
+    def __init__(self, listen: str, workers: list[JobWorker], title: str = "qbridge run") -> None:
         host, port = parse_listen(listen)
         self.token = os.environ.get(TOKEN_ENV) or None
         if not is_loopback(host) and not self.token:
             raise UsageError(f"--listen {listen}: an address other than loopback needs a token; set {TOKEN_ENV} "
-                             "(scrapers then send `Authorization: Bearer <token>`)")
+                             "(scrapers then send `Authorization: Bearer <token>`, browsers open /?token=<token>)")
         self.registry = CollectorRegistry()
         self.registry.register(BridgeCollector(workers))
         self.batch = Histogram("qbridge_batch_duration_seconds", "Seconds per committed batch", ["job"],
                                buckets=BATCH_BUCKETS, registry=self.registry)
+        self.history = History()
         for w in workers:
-            w.runner.on_batch = lambda stats, job=w.name: self.batch.labels(job).observe(stats.seconds)
+            w.runner.on_batch = lambda stats, job=w.name: self._on_batch(job, stats)
         metrics = make_wsgi_app(self.registry)
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
-            if self.token and environ.get("HTTP_AUTHORIZATION") != f"Bearer {self.token}":
+            if not self._authorized(environ):
                 start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
                 return [b"a token is required\n"]
-            if environ.get("PATH_INFO") == "/metrics":
+            if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+                start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+                return [b"read-only\n"]
+            path = environ.get("PATH_INFO")
+            if path == "/metrics":
                 return metrics(environ, start_response)
+            if path == "/":
+                page = render(title, workers, self.history).encode()
+                start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")])
+                return [page]
+            if path == "/status.json":
+                from bridge.reconcile import status
+
+                body = orjson.dumps({"jobs": [status(w.runner) for w in workers]})
+                start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+                return [body]
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"qbridge serves /metrics\n"]
+            return [b"qbridge serves /, /status.json and /metrics\n"]
 
         try:
-            self.server: WSGIServer = make_server(host, port, app, handler_class=_Quiet)
+            self.server: WSGIServer = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_Quiet)
         except OSError as e:
             raise UsageError(f"--listen {listen}: {e.strerror}") from None
         self.thread = threading.Thread(target=self.server.serve_forever, name="qbridge-metrics", daemon=True)
 
+    def _on_batch(self, job: str, stats: Any) -> None:
+        self.batch.labels(job).observe(stats.seconds)
+        self.history.batch(job, stats)
+
+    def _authorized(self, environ: dict[str, Any]) -> bool:
+        if not self.token:
+            return True
+        given = environ.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ")
+        if not given:
+            given = (parse_qs(environ.get("QUERY_STRING", "")).get("token") or [""])[0]
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
     def start(self) -> None:
         self.thread.start()
-        log.info("metrics on http://%s:%d/metrics", *self.server.server_address[:2])
+        log.info("status page on http://%s:%d/ and metrics on /metrics", *self.server.server_address[:2])
 
     def stop(self) -> None:
         self.server.shutdown()

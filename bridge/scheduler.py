@@ -158,16 +158,16 @@ def _describe(job: JobConfig) -> str:
     return f"every {job.schedule.every if job.schedule and job.schedule.every else DEFAULT_EVERY}"
 
 
-def run_until_stopped(runners: list[JobRunner], listen: str | None = None) -> int:
+def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title: str = "qbridge run") -> int:
     """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error.
-    `listen` (HOST:PORT) serves Prometheus metrics on /metrics meanwhile."""
+    `listen` (HOST:PORT) serves Prometheus metrics on /metrics and the status page on / meanwhile."""
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # qbridge logs its own line per batch
     scheduler = Scheduler(runners)
     server = None
     if listen:
         from bridge.metrics import MetricsServer
 
-        server = MetricsServer(listen, scheduler.workers)
+        server = MetricsServer(listen, scheduler.workers, title)
         server.start()
     wake = threading.Event()
 

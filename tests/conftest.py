@@ -121,3 +121,34 @@ def make(pg_server: str, pg_schema: str, tmp_path: Path) -> Iterator:
     yield factory
     for b in made:
         b.dispose()
+
+
+@pytest.fixture()
+def browser() -> Iterator:
+    """Debian's headless Chromium driven by Selenium through Debian's chromedriver."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as e:
+        chromium = None
+        missing = f"selenium ({e}); pip install -e '.[dev]'"
+    else:
+        missing = "chromium and chromium-driver (apt-get install chromium chromium-driver), or run `bash .ci/run`"
+    if not (chromium and driver_path):
+        message = f"the status page test needs {missing}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,1400"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    try:
+        yield driver
+    finally:
+        driver.quit()

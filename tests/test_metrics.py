@@ -120,3 +120,22 @@ def test_alert_rules_are_a_prometheus_rule_file_on_our_metrics() -> None:
         assert rule.get("for", "1m")[-1] in "smh"
         used |= {n for n in names if n in rule["expr"]}
     assert used == names and len(group["rules"]) == 3
+
+
+def test_promtool_accepts_the_alert_rules() -> None:
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from conftest import IN_CI
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        message = "promtool is not installed (apt-get install prometheus, or run `bash .ci/run`)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    rules = Path(__file__).parent.parent / "docs" / "prometheus" / "alerts.yml"
+    done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 3 rules found" in done.stdout

@@ -279,3 +279,20 @@ def test_slice_comparison_compiles_for_sql_server() -> None:
     t = sa.table("h", sa.column("a"), sa.column("b"), sa.column("c"))
     sql = str(tuple_after([t.c.a, t.c.b, t.c.c], (1, 2, 3), "mssql").compile(dialect=mssql.dialect(), compile_kwargs={"literal_binds": True}))
     assert sql == "h.a > 1 OR h.a = 1 AND h.b > 2 OR h.a = 1 AND h.b = 2 AND h.c > 3"
+
+
+def test_consuming_one_subscribers_handle_keeps_the_message_for_the_other(jms: Jms) -> None:
+    jms.store(lambda c, t: openjms_message(c, t, "ID:t-2", TOPIC_ID, blob("text_simple.bin"), list(SUBSCRIBERS.values())))
+    r = jms.runner()
+    with r.source_engine.connect() as conn:
+        [topic] = [s for s in r.sources.values() if s._destination(conn) == (TOPIC_ID, False)]
+        keys = sorted(topic.iter_keys(conn))
+    assert len(keys) == 2
+    messages = jms.count_rows("messages")
+    with r.source_engine.begin() as conn:
+        assert topic.consume(conn, [keys[0]]) == 1
+    assert jms.count_rows("message_handles") == 1 and jms.count_rows("messages") == messages  # the other still holds it
+    with r.source_engine.begin() as conn:
+        assert topic.consume(conn, [keys[0]]) == 0  # idempotent
+        assert topic.consume(conn, [keys[1]]) == 1
+    assert jms.count_rows("message_handles") == 0 and jms.count_rows("messages") == messages - 1

@@ -150,12 +150,21 @@ class OpenJMSSource(ScanSource):
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
         if not keys:
             return []
+        dest = self._destination(conn)
+        if dest is None:
+            return []
         h = self.t["message_handles"]
         wanted = set(keys)
-        ids = sorted({k.rsplit("#", 1)[0] for k in keys})
+        pairs = sorted({(int(cid), mid) for mid, _, cid in (k.rpartition("#") for k in keys)})
         rows: list[SourceRow] = []
-        for start in range(0, len(ids), 500):
-            stmt = self._handles(True).where(h.c.messageid.in_(ids[start:start + 500]))
+        for start in range(0, len(pairs), 500):
+            chunk = pairs[start:start + 500]
+            # destinationId = and consumerId IN, messageId IN: an index range scan with either index
+            # OpenJMS ships (create scripts: destination, consumer, message; dbtool: message,
+            # destination, consumer). messageId IN alone made every batch scan the whole table.
+            stmt = self._handles(True).where(h.c.destinationid == dest[0],
+                                             h.c.consumerid.in_(sorted({c for c, _ in chunk})),
+                                             h.c.messageid.in_(sorted({m for _, m in chunk})))
             for m in conn.execute(stmt).mappings():
                 key = self.key_of(m["messageid"], m["consumerid"])
                 if key in wanted:
@@ -166,14 +175,31 @@ class OpenJMSSource(ScanSource):
     # -- move mode -------------------------------------------------------------------------
     def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:
         """As OpenJMS does: delete the handle, then the message once no handle refers to it."""
-        h, m = self.t["message_handles"], self.t["messages"]
+        if not keys:
+            return 0
+        dest = self._destination(conn)
+        if dest is None:
+            return 0
+        h, m, c = self.t["message_handles"], self.t["messages"], self.t["consumers"]
+        pairs = sorted({(int(cid), mid) for mid, _, cid in (str(k).rpartition("#") for k in keys)})
         done = 0
-        for key in keys:
-            mid, _, cid = str(key).rpartition("#")
-            done += conn.execute(sa.delete(h).where(h.c.messageid == mid, h.c.consumerid == int(cid))).rowcount
-            left = conn.execute(sa.select(sa.func.count()).select_from(h).where(h.c.messageid == mid)).scalar_one()
-            if left == 0:
-                conn.execute(sa.delete(m).where(m.c.messageid == mid))
+        for cid in sorted({cid for cid, _ in pairs}):
+            mids = [mid for c_, mid in pairs if c_ == cid]
+            for start in range(0, len(mids), 500):
+                done += conn.execute(sa.delete(h).where(h.c.destinationid == dest[0], h.c.consumerid == cid,
+                                                        h.c.messageid.in_(mids[start:start + 500]))).rowcount
+        # Handles still holding a message: looked up per consumer of the destination (index
+        # seeks), never by messageId alone, which no index OpenJMS creates leads with.
+        consumers = set(conn.execute(sa.select(c.c.consumerid).where(c.c.destinationid == dest[0])).scalars())
+        consumers |= {cid for cid, _ in pairs}
+        mids = sorted({mid for _, mid in pairs})
+        for start in range(0, len(mids), 500):
+            chunk = mids[start:start + 500]
+            held = set(conn.execute(sa.select(h.c.messageid).distinct().where(
+                h.c.destinationid == dest[0], h.c.consumerid.in_(sorted(consumers)), h.c.messageid.in_(chunk))).scalars())
+            free = [mid for mid in chunk if mid not in held]
+            if free:
+                conn.execute(sa.delete(m).where(m.c.messageid.in_(free)))
         return done
 
     # -- decoding --------------------------------------------------------------------------

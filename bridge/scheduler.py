@@ -61,6 +61,7 @@ class JobWorker:
         self.stopped_reason: str | None = None
         self.last_success: float | None = None  # epoch seconds of the last run without an error
         self.retries: dict[str, int] = {}  # failed runs retried, by error class
+        self.last_error: str | None = None  # the first line of the last failure, until a run succeeds
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
@@ -77,6 +78,7 @@ class JobWorker:
                 self.standing_by = False
             self._run()
             self.last_success = time.time()
+            self.last_error = None
             if self.failures:
                 log.info("job=%s recovered after %d failed attempt(s)", self.name, self.failures)
             self.failures = 0
@@ -97,6 +99,7 @@ class JobWorker:
     def _failed(self, e: Exception) -> None:
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()
         reason_line = reason[0] if reason else type(e).__name__
+        self.last_error = reason_line if isinstance(e, BridgeError) or is_retryable(e) else f"{type(e).__name__}: {reason_line}"
         if is_retryable(e) or not isinstance(e, BridgeError):
             kind = type(getattr(e, "orig", None) or e).__name__
             self.retries[kind] = self.retries.get(kind, 0) + 1

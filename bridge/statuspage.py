@@ -149,10 +149,15 @@ def render(title: str, workers: list[JobWorker], history: History) -> str:
         except Exception as e:  # one database down must not take the page with it
             books, error = None, str(getattr(e, "orig", None) or e).splitlines()[0]
         history.lag(job, books["lag_seconds"] if books else None)
-        state = ("stopped: " + w.stopped_reason) if w.stopped_reason else ("retrying after a failure" if w.failures else "running")
+        if w.stopped_reason:
+            state = f"stopped: {w.stopped_reason}"
+        elif w.failures:
+            state = f"retrying after {w.failures} failed attempt(s): {w.last_error}"
+        else:
+            state = "running"
         parts.append(f'<h2 id="job-{_e(job)}">{_e(job)} <small>({_e(direction)}, {_e(w.runner.job.mode)})</small></h2>')
         parts.append(f'<div class="meta">state: <span class="{"bad" if w.stopped_reason or w.failures else "ok"}">'
-                     f'{_e(state)}</span> · lock held by: <span class="lock" data-job="{_e(job)}">{_e(w.lock.holder())}</span>'
+                     f'<span class="state" data-job="{_e(job)}">{_e(state)}</span></span> · lock held by: <span class="lock" data-job="{_e(job)}">{_e(w.lock.holder())}</span>'
                      + (f' · last success {_e(_when(w.last_success))}' if w.last_success else "") + "</div>")
         if error:
             parts.append(f'<p class="bad">database unreachable or failing: {_e(error)}</p>')

@@ -27,7 +27,7 @@ from bridge.demo import MAPPING
 from bridge.samples import create_nginn_queue, nginn_row
 
 PG = os.environ.get("QBRIDGE_BENCH_PG_URL", "postgresql+psycopg://127.0.0.1/test")
-SCHEMA = "qstatus_shot"
+SCHEMA, NSB = "qstatus_legacy", "qstatus_nsb"
 TZ = "Europe/Warsaw"
 
 
@@ -39,8 +39,9 @@ def main() -> int:
 
     engine = sa.create_engine(PG)
     with engine.begin() as conn:
-        conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
-        conn.execute(sa.text(f"CREATE SCHEMA {SCHEMA}"))
+        for schema in (SCHEMA, NSB):
+            conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
     tables = {q: create_nginn_queue(engine, q, SCHEMA) for q in ("Orders", "Billing")}
     tmp = Path(tempfile.mkdtemp())
     (tmp / "mapping.toml").write_text(MAPPING.replace('"MQueue1" = "Orders"', '"Orders" = "Orders"')
@@ -54,7 +55,7 @@ nsb    = "{PG}"
 [[jobs]]
 name     = "shop-orders"
 source   = {{ system = "nginn", connection = "legacy", queues = ["Orders", "Billing"], timezone = "{TZ}", schema = "{SCHEMA}", database = "Shop" }}
-target   = {{ connection = "nsb", flavor = "postgresql", schema = "{SCHEMA}" }}
+target   = {{ connection = "nsb", flavor = "postgresql", schema = "{NSB}" }}
 mapping  = "mapping.toml"
 mode     = "move"
 schedule = {{ every = "2s" }}
@@ -63,8 +64,9 @@ schedule = {{ every = "2s" }}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    log = open(tmp / "run.log", "wb")
     run = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "-c", str(config), "--listen", f"127.0.0.1:{port}"],
-                           stderr=subprocess.DEVNULL)
+                           stderr=log)
     try:
         start, n = time.monotonic(), 0
         while time.monotonic() - start < args.minutes * 60:
@@ -90,8 +92,9 @@ schedule = {{ every = "2s" }}
         run.send_signal(signal.SIGTERM)
         run.wait(60)
         with engine.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE"))
-    print(f"wrote {args.out}")
+            for schema in (SCHEMA, NSB):
+                conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+    print(f"wrote {args.out}; qbridge run's log: {tmp / 'run.log'}")
     return 0
 
 
@@ -101,13 +104,14 @@ def shoot(url: str, out: str) -> None:
 
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900", "--hide-scrollbars"):
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(executable_path="/usr/bin/chromedriver"))
     try:
         driver.get(url)
-        height = driver.execute_script("return document.body.scrollHeight")
-        driver.set_window_size(1200, height + 40)
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": 1200, "height": height + 20, "deviceScaleFactor": 1, "mobile": False})
         driver.save_screenshot(out)
     finally:
         driver.quit()

@@ -140,3 +140,23 @@ def test_history_keeps_one_hour_in_minutes() -> None:
     assert all(m.delivered == 0 and m.lag is None for m in h.series("j"))  # an hour later it has all aged out
     svg = chart("j", series)
     assert svg.count('class="throughput"') == 1 and "max 20" in svg
+
+
+@pytest.mark.postgres
+def test_a_stopped_job_shows_why_and_a_down_database_does_not_take_the_page(make) -> None:
+    import threading
+
+    import sqlalchemy as sa
+
+    from bridge.scheduler import JobWorker
+    from bridge.statuspage import History, render
+
+    b = make()
+    with b.source.begin() as conn:  # the legacy queue table is gone: the job stops with the reason
+        conn.execute(sa.text(f'DROP TABLE "{b.source_schema}"."MQueue1"'))
+    worker = JobWorker(b.runner(), threading.Event())
+    worker.tick()
+    assert worker.stopped_reason
+    page = render("t.toml", [worker], History())
+    assert "stopped: " in page and "MQueue1" in page and "database unreachable or failing" in page
+    assert "nobody" in page  # the lock was released when the job stopped

@@ -291,12 +291,14 @@ def _quarantine_history(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
         return 0
     t = Table(title="qbridge quarantine history")
-    for col in ("at", "job", "queue", "message id", "did", "now", "by", "why", "had been quarantined for", "detail"):
+    for col in ("at (UTC)", "job/queue", "message id", "did", "by", "why", "reason"):
         t.add_column(col)
     for j in jobs:
         for h in j["history"]:
-            t.add_row(h["at"], j["job"], h["queue"], h["message_id"], h["action"], h["outcome"], h["actor"], h["why"] or "",
-                      h["reason"], h["detail"] or "")
+            did = f"{h['action']} → {h['detail']}" if h["action"] == "replayed" else h["action"]
+            reason = h["detail"] if h["action"] == "replay-failed" else h["reason"]  # the reason it has now, or had
+            t.add_row(h["at"][:19].replace("T", " "), f"{j['job']}/{h['queue']}", h["message_id"], did, h["actor"],
+                      h["why"] or "", reason)
     out.print(t)
     return 0
 

@@ -193,7 +193,7 @@ def _biztalk_store(path: Path) -> None:
 
 def run_demo(directory: str | None, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="qbridge-demo-") as tmp:
-        where = Path(directory) if directory else Path(tmp)
+        where = (Path(directory) if directory else Path(tmp)).resolve()  # the config names its databases by absolute path
         where.mkdir(parents=True, exist_ok=True)
         config_path = build(where)
         console.print(f"legacy NGinn, OpenJMS and BizTalk databases and config written to {where}", markup=False, highlight=False)

@@ -160,3 +160,30 @@ def test_a_stopped_job_shows_why_and_a_down_database_does_not_take_the_page(make
     page = render("t.toml", [worker], History())
     assert "stopped: " in page and "MQueue1" in page and "database unreachable or failing" in page
     assert "nobody" in page  # the lock was released when the job stopped
+
+
+@pytest.mark.parametrize("server", ["pg_server", "mariadb_database"])
+def test_the_page_names_who_holds_a_jobs_lock(server: str, request: pytest.FixtureRequest) -> None:
+    import sqlalchemy as sa
+
+    from bridge.joblock import JobLock
+
+    url = request.getfixturevalue(server)
+    mine, theirs = sa.create_engine(url), sa.create_engine(url)
+    holder, other = JobLock(mine, "status-page-lock"), JobLock(theirs, "status-page-lock")
+    try:
+        assert other.holder() == "nobody"
+        assert holder.ensure() and not other.ensure()
+        assert holder.holder().startswith("this process (qbridge run on ")
+        named = other.holder()
+        if server == "pg_server":  # PostgreSQL knows the holder by its application_name
+            assert named.startswith("qbridge run on ") and f"pid {os.getpid()}" in named and "backend pid" in named
+        else:
+            assert named.startswith("another process (connection ")
+        holder.release()
+        assert other.holder() == "nobody"
+    finally:
+        holder.release()
+        other.release()
+        mine.dispose()
+        theirs.dispose()

@@ -94,29 +94,46 @@ def utf16(data: bytes) -> str:
     return data.decode("utf-16-be", "surrogatepass")
 
 
+_STRUCTS = {fmt: struct.Struct(fmt) for fmt in (">B", ">b", ">H", ">h", ">i", ">q", ">d", ">f", ">?")}
+
+
 class Reader:
+    # The primitives run a few hundred times per OpenJMS blob: they read from `bytes` with
+    # precompiled structs and one bounds check each, without an intermediate copy.
     def __init__(self, data: bytes) -> None:
-        self.data = memoryview(data)
+        self.data = bytes(data)
+        self.end = len(self.data)
         self.pos = 0
         self.handles: list[Any] = []
         self.depth = 0
 
     # -- primitives ------------------------------------------------------------------------
+    def _truncated(self, n: int) -> JavaStreamError:
+        return JavaStreamError(f"truncated: needs {n} bytes at offset {self.pos}, {self.end - self.pos} left")
+
     def take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.data):
-            raise JavaStreamError(f"truncated: needs {n} bytes at offset {self.pos}, {len(self.data) - self.pos} left")
-        out = self.data[self.pos:self.pos + n].tobytes()
-        self.pos += n
-        return out
+        pos = self.pos
+        if n < 0 or pos + n > self.end:
+            raise self._truncated(n)
+        self.pos = pos + n
+        return self.data[pos:pos + n]
 
     def unpack(self, fmt: str, n: int) -> Any:
-        return struct.unpack(fmt, self.take(n))[0]
+        pos = self.pos
+        if pos + n > self.end:
+            raise self._truncated(n)
+        self.pos = pos + n
+        return _STRUCTS[fmt].unpack_from(self.data, pos)[0]
 
     def u1(self) -> int:
-        return self.unpack(">B", 1)
+        pos = self.pos
+        if pos >= self.end:
+            raise self._truncated(1)
+        self.pos = pos + 1
+        return self.data[pos]
 
     def peek(self) -> int:
-        if self.pos >= len(self.data):
+        if self.pos >= self.end:
             raise JavaStreamError(f"truncated: stream ends at offset {self.pos}")
         return self.data[self.pos]
 

@@ -39,10 +39,10 @@ def test_replay_after_fixing_the_mapping_delivers_once_and_discard_keeps_an_audi
     assert "no route for queue 'MQueue3'" in listed[str(ids[0])]["reason"]
     bad = listed[str(ids[2])]["message_id"]
 
-    # Nothing to do without saying which, and discard wants a reason.
+    # Nothing to do without saying which.
     assert b.cli("quarantine", "replay") == 2
-    assert b.cli("quarantine", "discard", "--id", bad) == 2
-    assert "needs --why" in capsys.readouterr().err
+    assert b.cli("quarantine", "discard") == 2
+    assert "needs --id ID... (see `qbridge quarantine list`) or --all" in capsys.readouterr().err
 
     b.mapping = NO_CATCH_ALL.replace('"MQueue1" = "Orders"', '"MQueue1" = "Orders"\n"MQueue3" = "Orders"')
     b.write_config()
@@ -178,4 +178,23 @@ def test_two_operators_replaying_at_once_deliver_once(make) -> None:
     assert sum(o.action == "not-quarantined" for rs in results.values() for o in rs) == 40
     delivered = b.message_ids("Orders")
     assert len(delivered) == 40 and set(delivered.values()) == {1}
+    assert b.cli("verify") == 0
+
+
+@pytest.mark.postgres
+def test_discard_without_why_still_says_so_in_the_audit_trail(make, capsys: pytest.CaptureFixture[str]) -> None:
+    b = make()
+    rows = b.ready(2)
+    rows[0]["msg_text"] = "{not json"
+    b.insert(rows)
+    assert b.cli("sync", "--once") == 0
+    capsys.readouterr()
+    assert b.cli("quarantine", "discard", "--all", "--json") == 0  # the form GUIDE.md gives, for tools
+    captured = capsys.readouterr()
+    assert "discarding without --why" in captured.err
+    [d] = json.loads(captured.out)["results"]
+    assert d["action"] == "discarded" and "(no reason given)" in d["detail"]
+    assert b.cli("quarantine", "history", "--json") == 0
+    [h] = _out(capsys)["jobs"][0]["history"]
+    assert h["why"] == "(no reason given)" and h["actor"]
     assert b.cli("verify") == 0

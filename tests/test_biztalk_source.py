@@ -199,3 +199,32 @@ def test_messagebox_layout_compiles_for_sql_server() -> None:
     q = str(sa.delete(t["BizTalkServerApplicationQ"]).where(t["BizTalkServerApplicationQ"].c.uidMessageID == uuid.uuid4())
             .compile(dialect=mssql.dialect()))
     assert q.startswith("DELETE FROM dbo.[BizTalkServerApplicationQ] WHERE")
+
+
+def test_slices_page_each_queue_on_its_own_key_and_cover_every_entry_once(bt: BizTalk) -> None:
+    """Spark's slices of the MessageBox: boundaries from the database over work and suspended
+    queues together; pages read each queue by its own primary key; every entry exactly once."""
+    import uuid
+
+    with bt.source.begin() as conn:
+        for table, n in (("BizTalkServerApplicationQ", 17), ("BizTalkServerApplicationQ_Suspended", 9)):
+            conn.execute(bt.bt[table].insert(), [{"uidMessageID": uuid.uuid4(), "uidInstanceID": uuid.uuid4()} for _ in range(n)])
+    source = bt.runner().sources["BizTalkServerApplication"]
+    with bt.source.connect() as conn:
+        everything = list(source.iter_slice(conn, None, None))
+        assert len(everything) == 26 and [k[0] for k in everything] == ["Q"] * 17 + ["S"] * 9
+        assert sorted(everything) == sorted(source.iter_keys(conn))
+        bounds = source.slice_boundaries(conn, 5)
+        assert len(bounds) == 5 and source.count_keys(conn) == 26
+        assert {b[0] for b in bounds} == {"Q", "S"}  # a slice straddles the two queues
+        seen, after = [], None
+        for upto in [*bounds, None]:
+            cursor = after
+            while True:
+                page, last = source.slice_page(conn, cursor, upto, 3)
+                seen += page
+                if len(page) < 3:
+                    break
+                cursor = last
+            after = upto
+    assert seen == everything and len(set(seen)) == 26

@@ -182,17 +182,26 @@ class ScanSource(Source):
             stmt = stmt.where(sa.not_(tuple_after(cols, upto, dialect)))
         return stmt
 
+    def _slices(self, after: Sequence[Any] | None, upto: Sequence[Any] | None, dialect: str) -> list[sa.Select]:
+        """The slice as statements to run one after the other, each in key order: one, unless
+        the keyset is a union that the database would sort whole for every page."""
+        return [self._slice(after, upto, dialect)]
+
     def iter_slice(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None) -> Iterator[Any]:
         """Keys whose sort tuple is > `after` and <= `upto` (None: unbounded), in order, streamed."""
-        stmt = self._slice(after, upto, conn.dialect.name)
-        for row in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
-            yield self.key_of_row(row)
+        for stmt in self._slices(after, upto, conn.dialect.name):
+            for row in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
+                yield self.key_of_row(row)
 
     def slice_page(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None, limit: int
                    ) -> tuple[list[Any], tuple[Any, ...] | None]:
         """At most `limit` keys of the slice after `after`, and the sort tuple of the last one
         (keyset paging: no cursor stays open between pages)."""
-        rows = conn.execute(self._slice(after, upto, conn.dialect.name).limit(limit)).all()
+        rows: list[Any] = []
+        for stmt in self._slices(after, upto, conn.dialect.name):
+            rows += conn.execute(stmt.limit(limit - len(rows))).all()
+            if len(rows) >= limit:
+                break
         return [self.key_of_row(r) for r in rows], (tuple(rows[-1]) if rows else None)
 
     def count_keys(self, conn: sa.Connection) -> int:

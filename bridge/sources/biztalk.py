@@ -19,7 +19,7 @@ from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_co
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, Part
-from bridge.sources.base import ScanSource, SourceRow, Subscription
+from bridge.sources.base import tuple_after, ScanSource, SourceRow, Subscription
 from bridge.sources.biztalk_schema import OTHER_PREDICATES, tables
 from bridge.timefmt import local_to_utc, utcnow, zone
 
@@ -90,6 +90,23 @@ class BizTalkSource(ScanSource):
 
     def key_of_row(self, row: Sequence[Any]) -> str:
         return f"{row[0]}:{row[1]}:{row[2]}"
+
+    def _slices(self, after: Sequence[Any] | None, upto: Sequence[Any] | None, dialect: str) -> list[sa.Select]:
+        """The work queue's part of the slice, then the suspended queue's, each paged on its own
+        primary key (message, instance): a page is an index range scan, where a page of the
+        union was a sort of both queues whole."""
+        out = []
+        for prefix, t in (("Q", self.work), ("S", self.suspended)):
+            if (after is not None and prefix < after[0]) or (upto is not None and prefix > upto[0]):
+                continue
+            cols = [t.c.uidMessageID, t.c.uidInstanceID]
+            stmt = sa.select(sa.literal(prefix).label("p"), *cols).order_by(*cols)
+            if after is not None and prefix == after[0]:
+                stmt = stmt.where(tuple_after(cols, after[1:], dialect))
+            if upto is not None and prefix == upto[0]:
+                stmt = stmt.where(sa.not_(tuple_after(cols, upto[1:], dialect)))
+            out.append(stmt)
+        return out
 
     @staticmethod
     def _split(key: str) -> tuple[str, uuid.UUID, uuid.UUID]:

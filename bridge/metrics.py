@@ -1,8 +1,9 @@
 """`qbridge run --listen HOST:PORT`: Prometheus metrics on `/metrics`, with the official client,
 and the status page on `/` (bridge.statuspage) with its numbers as JSON on `/status.json`.
 
-The per-queue numbers are read at scrape time through the same `status()` that `qbridge status
---json` prints, so both agree by construction. What only the running process knows (batch
+The per-queue numbers are read through the same `status()` that `qbridge status --json` prints,
+so both agree by construction; the listener computes them at most once per 5 s per job
+(bridge.status_cache), however many scrapes and page views arrive. What only the running process knows (batch
 durations, retries, lock ownership, last success, the last hour) is kept by the scheduler's workers.
 """
 
@@ -13,7 +14,7 @@ import ipaddress
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import parse_qs
 from typing import TYPE_CHECKING, Any
 from socketserver import ThreadingMixIn
@@ -25,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bridge.errors import UsageError
+from bridge.status_cache import StatusCache
 from bridge.statuspage import History, render
 
 if TYPE_CHECKING:
@@ -56,12 +58,11 @@ def is_loopback(host: str) -> bool:
 class BridgeCollector(Collector):
     """Per job and queue, at scrape time, from the same books as `qbridge status --json`."""
 
-    def __init__(self, workers: list[JobWorker]) -> None:
+    def __init__(self, workers: list[JobWorker], books: Callable[[JobWorker], dict[str, Any]]) -> None:
         self.workers = workers
+        self.books = books
 
     def collect(self) -> Iterable[Any]:
-        from bridge.reconcile import status
-
         messages = CounterMetricFamily("qbridge_messages", "Messages by outcome, from the ledger",
                                        labels=["job", "queue", "direction", "outcome"])
         backlog = GaugeMetricFamily("qbridge_backlog_messages", "Messages waiting in the source", labels=["job", "queue"])
@@ -76,7 +77,7 @@ class BridgeCollector(Collector):
             job = w.name
             direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
             try:
-                books = status(w.runner)
+                books = self.books(w)
             except Exception as e:  # a database that is down must not break the scrape of the others
                 log.warning("job=%s metrics: %s", job, str(getattr(e, "orig", None) or e).splitlines()[0])
                 books = {"queues": []}
@@ -119,8 +120,12 @@ class MetricsServer:
         if not is_loopback(host) and not self.token:
             raise UsageError(f"--listen {listen}: an address other than loopback needs a token; set {TOKEN_ENV} "
                              "(scrapers then send `Authorization: Bearer <token>`, browsers open /?token=<token>)")
+        from bridge.reconcile import status
+
+        cache = StatusCache(status)
+        self.books: Callable[[JobWorker], dict[str, Any]] = lambda w: cache.get(w.name, w.runner)
         self.registry = CollectorRegistry()
-        self.registry.register(BridgeCollector(workers))
+        self.registry.register(BridgeCollector(workers, self.books))
         self.batch = Histogram("qbridge_batch_duration_seconds", "Seconds per committed batch", ["job"],
                                buckets=BATCH_BUCKETS, registry=self.registry)
         self.history = History()
@@ -139,13 +144,11 @@ class MetricsServer:
             if path == "/metrics":
                 return metrics(environ, start_response)
             if path == "/":
-                page = render(title, workers, self.history).encode()
+                page = render(title, workers, self.history, self.books).encode()
                 start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")])
                 return [page]
             if path == "/status.json":
-                from bridge.reconcile import status
-
-                body = orjson.dumps({"jobs": [status(w.runner) for w in workers]})
+                body = orjson.dumps({"jobs": [self.books(w) for w in workers]})
                 start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
                 return [body]
             start_response("404 Not Found", [("Content-Type", "text/plain")])

@@ -3,8 +3,8 @@ throughput, and the quarantine with its reasons. Read-only, one self-contained H
 (no scripts, no fonts or libraries fetched from elsewhere), reloaded by the browser itself.
 
 The hour of history is kept in memory, per minute: it starts empty when `qbridge run` starts
-and costs at most 60 buckets per queue. The numbers in the tables are read at request time
-through the same `status()` that `qbridge status --json` prints.
+and costs at most 60 buckets per queue. The numbers in the tables come from the same `status()`
+that `qbridge status --json` prints (through the listener's StatusCache).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.timefmt import UTC
@@ -133,10 +134,12 @@ td.reason{max-width:48em;white-space:pre-wrap;font-family:ui-monospace,monospace
 """
 
 
-def render(title: str, workers: list[JobWorker], history: History) -> str:
-    """The whole page, from the databases as they are now."""
+def render(title: str, workers: list[JobWorker], history: History,
+           books: Callable[[JobWorker], dict[str, Any]] | None = None) -> str:
+    """The whole page, from the databases as they are now (or as `books` last read them)."""
     from bridge.reconcile import status
 
+    books_of = books or (lambda w: status(w.runner))
     parts = []
     quarantine_rows: list[tuple[str, dict[str, Any]]] = []
     quarantine_total = 0
@@ -144,7 +147,7 @@ def render(title: str, workers: list[JobWorker], history: History) -> str:
         job = w.name
         direction = "legacy → NServiceBus" if not w.runner.job.reverse else "NServiceBus → legacy"
         try:
-            books = status(w.runner)
+            books = books_of(w)
             error = books["source_error"]
         except Exception as e:  # one database down must not take the page with it
             books, error = None, str(getattr(e, "orig", None) or e).splitlines()[0]

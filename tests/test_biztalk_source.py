@@ -228,3 +228,26 @@ def test_slices_page_each_queue_on_its_own_key_and_cover_every_entry_once(bt: Bi
                 cursor = last
             after = upto
     assert seen == everything and len(set(seen)) == 26
+
+
+def test_one_batch_reads_every_instance_of_a_message_and_parts_two_messages_share(bt: BizTalk) -> None:
+    """Entries are fetched a batch at a time: two instances of one message (two subscribers on
+    the host) are two messages, and a fragmented part BizTalk shares between two messages
+    reaches both whole."""
+    import uuid
+
+    message, _ = bt.publish(context=fx("ctx_receive.bin"), parts=[FRAGMENTED])
+    other, second = uuid.uuid4(), uuid.uuid4()
+    with bt.source.begin() as conn:
+        conn.execute(bt.bt["BizTalkServerApplicationQ"].insert().values(uidMessageID=message, uidInstanceID=second))
+        spool = conn.execute(sa.select(bt.bt["Spool"]).where(bt.bt["Spool"].c.uidMessageID == message)).mappings().one()
+        conn.execute(bt.bt["Spool"].insert().values({**spool, "uidMessageID": other}))
+        conn.execute(bt.bt["MessageParts"].insert().values(uidMessageID=other, uidPartID=spool["uidBodyPartID"],
+                                                            nvcPartName="body", nBodyPart=1))
+        conn.execute(bt.bt["BizTalkServerApplicationQ"].insert().values(uidMessageID=other, uidInstanceID=uuid.uuid4()))
+    assert bt.cli("sync", "--once") == 0
+    rows = bt.rows("Orders")
+    assert len(rows) == 3 and len({r["headers"]["NServiceBus.MessageId"] for r in rows}) == 3
+    assert {r["headers"]["BizTalk.MessageID"] for r in rows} == {str(message), str(other)}
+    assert all(len(bytes(r["body"])) == 290319 for r in rows)
+    assert bt.cli("verify") == 0

@@ -114,10 +114,15 @@ class BizTalkSource(ScanSource):
         return prefix, uuid.UUID(message), uuid.UUID(instance)
 
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
+        """The entries with these keys, with their Spool row and parts, in the order given; a few
+        queries per batch (by message id, the leading column of each queue's primary key)."""
         s, i = self.t["Spool"], self.t["InstancesSuspended"]
-        rows = []
-        for key in keys:
-            prefix, message, instance = self._split(key)
+        wanted = {self._split(k): k for k in keys}
+        found: dict[str, dict[str, Any]] = {}
+        for prefix in ("Q", "S"):
+            messages = sorted({m for p, m, _ in wanted if p == prefix})
+            if not messages:
+                continue
             q = self.work if prefix == "Q" else self.suspended
             cols = [q.c.uidMessageID, q.c.uidInstanceID, q.c.nvcAdditionalInfo, s.c.uidMessageID.label("spool_id"),
                     s.c.dtTimeStamp, s.c.dtExpiration, s.c.nNumParts, s.c.uidBodyPartID, s.c.nvcBodyPartName,
@@ -127,30 +132,44 @@ class BizTalkSource(ScanSource):
                 stmt = stmt.add_columns(i.c.uidInstanceID.label("suspended_row"), i.c.nState, i.c.dtSuspendTimeStamp,
                                         i.c.nvcURI, i.c.nvcAdapter, i.c.nvcErrorDescription)
                 stmt = stmt.outerjoin(i, i.c.uidInstanceID == q.c.uidInstanceID)
-            stmt = stmt.where(q.c.uidMessageID == message, q.c.uidInstanceID == instance)
-            found = conn.execute(stmt).mappings().first()
-            if found is None:
+            for start in range(0, len(messages), 500):
+                chunk = stmt.where(q.c.uidMessageID.in_(messages[start:start + 500]))
+                for row in conn.execute(chunk).mappings():
+                    key = wanted.get((prefix, row["uidMessageID"], row["uidInstanceID"]))
+                    if key is not None:  # not another instance of the same message
+                        found[key] = {**{str(k): v for k, v in row.items()}, "kind": prefix}
+        parts = self._parts(conn, sorted({v["uidMessageID"] for v in found.values()}))
+        rows = []
+        for key in keys:
+            values = found.get(key)
+            if values is None:
                 continue  # consumed by BizTalk since the scan
-            values = {str(k): v for k, v in found.items()}
-            values["kind"] = prefix
-            values["parts"] = self._parts(conn, message)
+            values["parts"] = parts.get(values["uidMessageID"], [])
             rows.append(SourceRow(key=key, consumable=True, values=values))
         return rows
 
-    def _parts(self, conn: sa.Connection, message: uuid.UUID) -> list[dict[str, Any]]:
+    def _parts(self, conn: sa.Connection, messages: list[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
+        """Message id -> its parts by name, each with its fragments' bytes in order."""
         mp, p, f = self.t["MessageParts"], self.t["Parts"], self.t["Fragments"]
-        stmt = (sa.select(mp.c.uidPartID, mp.c.nvcPartName, mp.c.nBodyPart, p.c.uidPartID.label("part_row"),
-                          p.c.imgPart, p.c.nNumFragments, p.c.nPartSize)
-                .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
-                .where(mp.c.uidMessageID == message).order_by(mp.c.nvcPartName))
-        parts = []
-        for row in conn.execute(stmt).mappings():
-            part = {str(k): v for k, v in row.items()}
-            frags = conn.execute(sa.select(f.c.nFragmentNumber, f.c.imgFrag).where(f.c.uidPartID == row["uidPartID"])
-                                 .order_by(f.c.nFragmentNumber)).all()
-            part["fragments"] = [bytes(b) if b is not None else None for _, b in frags]
-            parts.append(part)
-        return parts
+        out: dict[uuid.UUID, list[dict[str, Any]]] = {}
+        for start in range(0, len(messages), 500):
+            stmt = (sa.select(mp.c.uidMessageID.label("qb_message"), mp.c.uidPartID, mp.c.nvcPartName, mp.c.nBodyPart,
+                              p.c.uidPartID.label("part_row"), p.c.imgPart, p.c.nNumFragments, p.c.nPartSize)
+                    .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
+                    .where(mp.c.uidMessageID.in_(messages[start:start + 500])).order_by(mp.c.uidMessageID, mp.c.nvcPartName))
+            by_part: dict[uuid.UUID, list[dict[str, Any]]] = {}  # BizTalk shares a part between messages
+            for row in conn.execute(stmt).mappings():
+                part = {str(k): v for k, v in row.items() if k != "qb_message"}
+                part["fragments"] = []  # fragment 0 is in Parts; the rest, if any, in Fragments
+                out.setdefault(row["qb_message"], []).append(part)
+                by_part.setdefault(part["uidPartID"], []).append(part)
+            ids = sorted(by_part)
+            for at in range(0, len(ids), 500):
+                frags = sa.select(f.c.uidPartID, f.c.nFragmentNumber, f.c.imgFrag).where(f.c.uidPartID.in_(ids[at:at + 500]))
+                for pid, _, blob in conn.execute(frags.order_by(f.c.uidPartID, f.c.nFragmentNumber)):
+                    for part in by_part[pid]:
+                        part["fragments"].append(bytes(blob) if blob is not None else None)
+        return out
 
     # -- move mode -------------------------------------------------------------------------
     def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:

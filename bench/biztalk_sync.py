@@ -1,0 +1,84 @@
+"""BizTalk read throughput: `qbridge sync --once` over N pending work-queue entries (real context
+and part blobs from tests/fixtures/biztalk) on the local PostgreSQL. A probe of the source's
+fetch path, not a goal benchmark: there is no reference to compare with.
+
+    python3 bench/biztalk_sync.py               # 20,000 messages
+    python3 bench/biztalk_sync.py --messages 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from bridge.samples import biztalk_store
+
+PG = "postgresql+psycopg://127.0.0.1/test"
+FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "biztalk"
+SRC, TGT, HOST = "qbt_src", "qbt_tgt", "BizTalkServerApplication"
+CONFIG = """
+[connections]
+bt = "{pg}"
+nsb = "{pg}"
+[[jobs]]
+name = "bt"
+source = {{ system = "biztalk", connection = "bt", queues = ["{host}"], schema = "{src}", timezone = "UTC" }}
+target = {{ connection = "nsb", flavor = "postgresql", schema = "{tgt}" }}
+mapping = "mapping.toml"
+batch_size = 1000
+"""
+
+
+def seed(engine: sa.Engine, n: int) -> None:
+    context, part = (FIX / "ctx_receive.bin").read_bytes(), (FIX / "part_small_compressed.bin").read_bytes()
+    with engine.begin() as conn:
+        for schema in (SRC, TGT):
+            conn.execute(sa.text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    t = biztalk_store(engine, [HOST], SRC)
+    ids = [(uuid.uuid4(), uuid.uuid4(), uuid.uuid4()) for _ in range(n)]
+    with engine.begin() as conn:
+        conn.execute(t["Spool"].insert(), [dict(uidMessageID=m, nNumParts=1, uidBodyPartID=p, nvcBodyPartName="body",
+                                                nCounter=1, imgContext=context) for m, _, p in ids])
+        conn.execute(t["MessageParts"].insert(), [dict(uidMessageID=m, uidPartID=p, nvcPartName="body", nBodyPart=1) for m, _, p in ids])
+        conn.execute(t["Parts"].insert(), [dict(uidPartID=p, imgPart=part, nNumFragments=1, nPartSize=2146) for _, _, p in ids])
+        conn.execute(t[f"{HOST}Q"].insert(), [dict(uidMessageID=m, uidInstanceID=i) for m, i, _ in ids])
+        for name in ("Spool", "MessageParts", "Parts", f"{HOST}Q"):
+            conn.execute(sa.text(f'ANALYZE {SRC}."{name}"'))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=20_000)
+    p.add_argument("--pg", default=PG)
+    args = p.parse_args()
+    engine = sa.create_engine(args.pg)
+    print(f"seeding {args.messages:,} BizTalk messages ...", flush=True)
+    seed(engine, args.messages)
+    with tempfile.TemporaryDirectory(prefix="qbridge-bt-") as tmp:
+        work = Path(tmp)
+        (work / "mapping.toml").write_text('[routes]\n"*" = "Orders"\n')
+        cfg = work / "bt.toml"
+        cfg.write_text(CONFIG.format(pg=args.pg, host=HOST, src=SRC, tgt=TGT))
+        subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], check=True, capture_output=True)
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "bridge.cli", "sync", "--once", "-c", str(cfg)], capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+    if done.returncode:
+        sys.exit(done.stderr[-2000:])
+    with engine.connect() as conn:
+        got = conn.execute(sa.text(f'SELECT count(*) FROM {TGT}."Orders"')).scalar_one()
+    print(f"sync --once: {args.messages:,} messages in {seconds:.1f} s ({args.messages / seconds:,.0f}/s); delivered {got:,}")
+    if got != args.messages:
+        sys.exit(f"expected {args.messages} delivered")
+
+
+if __name__ == "__main__":
+    main()

@@ -176,10 +176,13 @@ class BizTalkSource(ScanSource):
         """Removes the work-queue (or suspended-queue) entry only; Spool and parts stay for
         BizTalk's own cleanup jobs, which purge messages no queue refers to."""
         done = 0
-        for key in keys:
-            prefix, message, instance = self._split(str(key))
-            q = self.work if prefix == "Q" else self.suspended
-            done += conn.execute(sa.delete(q).where(q.c.uidMessageID == message, q.c.uidInstanceID == instance)).rowcount
+        split = [self._split(str(k)) for k in keys]
+        for prefix, q in (("Q", self.work), ("S", self.suspended)):
+            pairs = [(m, i) for p, m, i in split if p == prefix]
+            for start in range(0, len(pairs), 200):  # OR of pairs: SQL Server has no row-value IN
+                chunk = pairs[start:start + 200]
+                done += conn.execute(sa.delete(q).where(sa.or_(
+                    *(sa.and_(q.c.uidMessageID == m, q.c.uidInstanceID == i) for m, i in chunk)))).rowcount
         return done
 
     # -- decoding --------------------------------------------------------------------------

@@ -101,10 +101,21 @@ class QuarantineDesk:
         job = r.job.name
         source = r.sources.get(q["queue"])
         if source is None:
-            reason = f"queue {q['queue']!r} is no longer in job {job!r}: put it back in the config to replay this message"
-            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined", reason)
-        row = source.from_raw(q["raw"], q["source_key"])
-        msg, result, reason = r.map_row(source, row, getattr(source, "translated_headers", frozenset()))
+            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined",
+                           f"queue {q['queue']!r} is no longer in job {job!r}: put it back in the config to replay this message")
+        def failed(why: str) -> Outcome:
+            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined", why)
+
+        try:
+            row = source.from_raw(q["raw"], q["source_key"])
+        except (KeyError, TypeError, ValueError) as e:
+            return failed(f"the kept raw row cannot be read back ({type(e).__name__}: {e}); nothing done")
+        if str(r.message_id(source, row)) != q["message_id"]:
+            # The id comes from the source's identity (source.database or its URL): delivering
+            # under another id than the ledger's would let the message arrive twice.
+            return failed(f"the message id computed now differs from the ledger's: did jobs[].source.database or "
+                          f"the source URL change since it was quarantined? (it is {r.database!r} now); nothing done")
+        _, result, reason = r.map_row(source, row, getattr(source, "translated_headers", frozenset()))
         # Move mode consumes the legacy row once the message is out, as a pass does: the target
         # commits first, with the key in the checkpoint's pending list, so that if this process
         # dies before the legacy commit the job's next pass consumes it.
@@ -112,7 +123,7 @@ class QuarantineDesk:
         try:
             action, outcome, detail, version, consume = self._deliver(q, source.queue, result, reason, consume)
         except _AlreadyThere as e:
-            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined", str(e))
+            return failed(str(e))
         if action == "not-quarantined":
             return self._gone(q)
         if version is not None:

@@ -198,3 +198,18 @@ def test_discard_without_why_still_says_so_in_the_audit_trail(make, capsys: pyte
     [h] = _out(capsys)["jobs"][0]["history"]
     assert h["why"] == "(no reason given)" and h["actor"]
     assert b.cli("verify") == 0
+
+
+@pytest.mark.postgres
+def test_replay_refuses_when_the_source_identity_changed(make, capsys: pytest.CaptureFixture[str]) -> None:
+    b = make(queues=["MQueue3"], mapping=NO_CATCH_ALL)
+    b.insert(b.ready(1, queue="MQueue3"), queue="MQueue3")
+    assert b.cli("sync", "--once") == 0
+    b.mapping = NO_CATCH_ALL.replace('"MQueue1" = "Orders"', '"MQueue1" = "Orders"\n"MQueue3" = "Orders"')
+    b.write_config()
+    b.config.write_text(b.config.read_text().replace('database = "LegacyDb"', 'database = "RenamedDb"'))
+    capsys.readouterr()
+    assert b.cli("quarantine", "replay", "--all", "--json") == 1
+    [r] = _out(capsys)["results"]
+    assert r["action"] == "replay-failed" and "differs from the ledger's" in r["detail"] and "RenamedDb" in r["detail"]
+    assert b.count("Orders") == 0 and b.ledger() == {"quarantined": 1}

@@ -1,0 +1,65 @@
+"""Where one unit of `migrate` spends its time, without Spark: `JobRunner.run_range` over N seeded
+NGinn rows (bench/migrate.py's seed) in this process, as a Spark task runs it, and again with
+the ledger write and then the queue-table write switched off, so their shares show.
+
+    python3 bench/unit_split.py                 # 100,000 rows
+    python3 bench/unit_split.py --rows 200000
+
+Not a goal benchmark (the goals are measured by bench/migrate.py against its references): a
+profile aid, for deciding what to make faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import tempfile
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+_spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
+assert _spec and _spec.loader
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def main() -> None:
+    from bridge.config import load_config
+    from bridge.pipeline.loop import JobRunner
+    from bridge.sources.nginn import queue_table
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--pg", default=bench.PG)
+    args = p.parse_args()
+    url, n = args.pg, args.rows
+    print(f"seeding {n:,} NGinn rows ...", flush=True)
+    bench.sql(url, f'DROP SCHEMA IF EXISTS "{bench.SRC}" CASCADE', f'CREATE SCHEMA "{bench.SRC}"')
+    engine = sa.create_engine(url)
+    queue_table(bench.QUEUE, bench.SRC).create(engine)
+    engine.dispose()
+    bench.sql(url, bench.SEED, n=n)
+    bench.sql(url, f'ANALYZE "{bench.SRC}"."{bench.QUEUE}"')
+    with tempfile.TemporaryDirectory(prefix="qbridge-unit-") as tmp:
+        work = Path(tmp)
+        (work / "mapping.toml").write_text(bench.MAPPING)
+        for label in ("everything", "without the ledger write", "without the queue-table write"):
+            bench.fresh_target(url, work, bench.TGT)
+            config = load_config(work / f"{bench.TGT}.toml")
+            runner = JobRunner(config, config.jobs[0])
+            runner.check()
+            if label == "without the ledger write":
+                runner.state.record = lambda *a, **k: None  # type: ignore[method-assign]
+            elif label == "without the queue-table write":
+                runner.target.write = lambda *a, **k: None  # type: ignore[method-assign]
+            started = time.perf_counter()
+            s = runner.run_range(bench.QUEUE, 0, n).stats
+            seconds = time.perf_counter() - started
+            print(f"  {label:31} {seconds:6.2f} s  {seconds / n * 1e6:5.1f} us/row  "
+                  f"(reads {s.t_read:.2f} s, decode+map {s.t_map:.2f} s, writes+commits {s.t_write:.2f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

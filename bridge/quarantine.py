@@ -24,7 +24,7 @@ from bridge import faults
 from bridge.db import unique_violation
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.base import Skipped
-from bridge.timefmt import UTC, utcnow
+from bridge.timefmt import naive_utc, utcnow
 
 log = logging.getLogger("qbridge.quarantine")
 
@@ -55,10 +55,6 @@ class Outcome:
 
 class _AlreadyThere(Exception):
     """The target holds the message's id already (the transaction was rolled back)."""
-
-
-def _naive(value: Any) -> Any:
-    return value.astimezone(UTC).replace(tzinfo=None)
 
 
 class QuarantineDesk:
@@ -191,14 +187,14 @@ class QuarantineDesk:
         s = self.state
         tconn.execute(sa.update(s.ledger).where(s.ledger.c.message_id == q["message_id"])
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
-                              at=_naive(utcnow())))
+                              at=naive_utc(utcnow())))
         self._audit(tconn, q, action, outcome, detail)
         tconn.execute(sa.delete(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]))
 
     def _audit(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str) -> None:
         tconn.execute(sa.insert(self.state.audit).values(
-            at=_naive(utcnow()), job=self.runner.job.name, queue=q["queue"], message_id=q["message_id"],
+            at=naive_utc(utcnow()), job=self.runner.job.name, queue=q["queue"], message_id=q["message_id"],
             source_key=q["source_key"], action=action, outcome=outcome, actor=self.actor, why=self.why,
-            reason=q["reason"], detail=detail, quarantined_at=_naive(datetime.fromisoformat(q["at"])),
+            reason=q["reason"], detail=detail, quarantined_at=naive_utc(datetime.fromisoformat(q["at"])),
             raw=orjson.dumps(q["raw"]).decode(),
         ))

@@ -19,7 +19,7 @@ from sqlalchemy import exc as sa_exc
 
 from bridge.pipeline.gaps import Gap
 from bridge.targets.bulk import insert_rows
-from bridge.timefmt import UTC, utcnow
+from bridge.timefmt import UTC, naive_utc, utcnow
 
 LEDGER = "qbridge_ledger"
 CHECKPOINT = "qbridge_checkpoint"
@@ -92,10 +92,6 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
     return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit}
 
 
-def _naive(dt: datetime) -> datetime:
-    return dt.astimezone(UTC).replace(tzinfo=None)
-
-
 @dataclass
 class Checkpoint:
     job: str
@@ -144,7 +140,7 @@ class State:
                 return
         try:
             with engine.begin() as conn:
-                conn.execute(sa.insert(c).values(job=job, queue=queue, version=0, updated_at=_naive(utcnow())))
+                conn.execute(sa.insert(c).values(job=job, queue=queue, version=0, updated_at=naive_utc(utcnow())))
         except sa_exc.IntegrityError:
             pass
 
@@ -179,7 +175,7 @@ class State:
 
     def save_checkpoint(self, conn: sa.Connection, cp: Checkpoint) -> None:
         c = self.checkpoint
-        now = _naive(utcnow())
+        now = naive_utc(utcnow())
         result = conn.execute(
             sa.update(c)
             .where(c.c.job == cp.job, c.c.queue == cp.queue, c.c.version == cp.version)
@@ -190,7 +186,7 @@ class State:
                 version=cp.version + 1,
                 updated_at=now,
                 last_run_at=now,
-                last_delivery_at=None if cp.last_delivery_at is None else _naive(cp.last_delivery_at),
+                last_delivery_at=None if cp.last_delivery_at is None else naive_utc(cp.last_delivery_at),
                 lag_seconds=cp.lag_seconds,
             )
         )
@@ -236,7 +232,7 @@ class State:
 
     def record(self, conn: sa.Connection, job: str, queue: str, entries: Sequence[LedgerEntry],
                quarantined: Sequence[Quarantined]) -> None:
-        now = _naive(utcnow())
+        now = naive_utc(utcnow())
         if entries:
             insert_rows(conn, self.ledger, [
                 {"message_id": str(e.message_id), "job": job, "queue": queue, "source_key": e.source_key,

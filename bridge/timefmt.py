@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
+from typing import overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 UTC = timezone.utc
@@ -30,11 +31,20 @@ def local_to_utc(value: datetime, tz: ZoneInfo) -> datetime:
     return value.replace(tzinfo=tz).astimezone(UTC)
 
 
+@overload
+def naive_utc(value: datetime) -> datetime: ...
+@overload
+def naive_utc(value: None) -> None: ...
+def naive_utc(value: datetime | None) -> datetime | None:
+    """An aware time as the naive UTC value the databases' `timestamp`/`datetime2` columns hold."""
+    return None if value is None else value.astimezone(UTC).replace(tzinfo=None)
+
+
 def to_wire(value: datetime) -> str:
     """`yyyy-MM-dd HH:mm:ss:ffffff Z`, the format NServiceBus and ServiceControl parse strictly."""
     if value.tzinfo is None:
         raise ValueError("a wire timestamp needs a time zone")
-    text = value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    text = naive_utc(value).isoformat(" ", "microseconds")
     return f"{text[:19]}:{text[20:]} Z"
 
 

@@ -26,7 +26,7 @@ from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
 from bridge.targets.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules
-from bridge.timefmt import UTC
+from bridge.timefmt import naive_utc
 
 DEFAULT_TABLE = "QBridgeToBizTalk"
 BATCH = 50  # rows a polling statement takes per submission
@@ -88,10 +88,6 @@ class StagingRow(NamedTuple):
     values: dict[str, Any]
 
 
-def _naive(value: Any) -> Any:
-    return None if value is None else value.astimezone(UTC).replace(tzinfo=None)
-
-
 class BizTalkTarget(Target):
     system: ClassVar[str] = "biztalk"
 
@@ -127,8 +123,8 @@ class BizTalkTarget(Target):
             "CorrelationId": msg.correlation_id, "ConversationId": msg.conversation_id,
             "ReplyTo": h.get("NServiceBus.ReplyToAddress"), "Intent": msg.intent,
             "OriginatingEndpoint": h.get("NServiceBus.OriginatingEndpoint"), "ContentType": msg.content_type,
-            "TimeSent": _naive(msg.time_sent), "Due": _naive(msg.due) if msg.state == "delayed" else None,
-            "Expires": _naive(msg.expires), "Headers": orjson.dumps(headers).decode(), "Body": msg.body,
+            "TimeSent": naive_utc(msg.time_sent), "Due": naive_utc(msg.due) if msg.state == "delayed" else None,
+            "Expires": naive_utc(msg.expires), "Headers": orjson.dumps(headers).decode(), "Body": msg.body,
             "Status": 0, "TakenAt": None,
         })
 

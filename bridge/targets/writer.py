@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -16,15 +15,12 @@ from bridge.sources.base import Subscription
 from bridge.targets.bulk import insert_rows
 from bridge.targets.envelope import Outgoing
 from bridge.targets.nservicebus import TargetTables
+from bridge.timefmt import naive_utc
 
 
 def headers_json(headers: dict[str, str]) -> str:
     """The flat JSON object the transports write; `/` escaped as DataContractJsonSerializer does."""
     return orjson.dumps(headers).decode("utf-8").replace("/", "\\/")
-
-
-def _naive_utc(value: datetime | None) -> datetime | None:
-    return None if value is None else value.astimezone(UTC).replace(tzinfo=None)
 
 
 class TargetWriter:
@@ -61,10 +57,10 @@ class TargetWriter:
         if self.tables.flavor == "postgresql":
             if kind == "delayed":
                 return {"id": out.row_id or uuid.uuid4(), "headers": t_headers, "body": out.body, "due": out.due}
-            return {"id": out.row_id or uuid.uuid4(), "expires": _naive_utc(out.expires), "headers": t_headers, "body": out.body}
+            return {"id": out.row_id or uuid.uuid4(), "expires": naive_utc(out.expires), "headers": t_headers, "body": out.body}
         if kind == "delayed":
-            return {"Headers": t_headers, "Body": out.body, "Due": _naive_utc(out.due)}
-        row: dict[str, Any] = {"Id": out.row_id or uuid.uuid4(), "Expires": _naive_utc(out.expires), "Headers": t_headers, "Body": out.body}
+            return {"Headers": t_headers, "Body": out.body, "Due": naive_utc(out.due)}
+        row: dict[str, Any] = {"Id": out.row_id or uuid.uuid4(), "Expires": naive_utc(out.expires), "Headers": t_headers, "Body": out.body}
         # Tables created by transport 7+ still have Recoverable (NOT NULL, no default); older
         # hand-made ones may not, and the transport itself checks before inserting.
         if "Recoverable" in have:

@@ -237,9 +237,7 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
     jobs = []
     for r in runners:
         with r.target_engine.connect() as conn:
-            rows = r.state.quarantined(conn, r.job.name, args.ids)
-        if args.action == "list":
-            rows = [{k: v for k, v in row.items() if k != "raw"} for row in rows]
+            rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show")
         jobs.append({"job": r.job.name, "quarantined": rows})
     if args.ids:
         found = {row["message_id"] for j in jobs for row in j["quarantined"]}

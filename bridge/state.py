@@ -273,16 +273,21 @@ class State:
             stmt = stmt.order_by(sa.cast(l.c.source_key, sa.BigInteger))
         yield from conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000))
 
-    def quarantined(self, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """A job's quarantined rows (all, or these message ids), oldest first, raw rows parsed."""
+    def quarantined(self, conn: sa.Connection, job: str, ids: Sequence[str] | None = None, raw: bool = True,
+                    newest: int | None = None) -> list[dict[str, Any]]:
+        """A job's quarantined rows (all, or these message ids), oldest first, raw rows parsed;
+        `raw=False` leaves the raw rows in the database, `newest=N` takes the N newest, newest first."""
         q = self.quarantine
-        stmt = sa.select(q).where(q.c.job == job).order_by(q.c.at, q.c.queue, q.c.source_key)
+        order = (q.c.at, q.c.queue, q.c.source_key)
+        stmt = sa.select(*(c for c in q.c if raw or c.name != "raw")).where(q.c.job == job)
         if ids is not None:
             stmt = stmt.where(q.c.message_id.in_(list(ids)))
+        stmt = stmt.order_by(*order) if newest is None else stmt.order_by(*(c.desc() for c in order)).limit(newest)
         out = []
         for r in conn.execute(stmt).mappings():
             row = {str(k): v for k, v in r.items()}
-            row["raw"] = orjson.loads(row["raw"])
+            if raw:
+                row["raw"] = orjson.loads(row["raw"])
             row["at"] = row["at"].replace(tzinfo=UTC).isoformat()
             out.append(row)
         return out

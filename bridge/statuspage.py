@@ -167,12 +167,12 @@ def render(title: str, workers: list[JobWorker], history: History,
         if books:
             parts.append(_queue_table(job, books))
         parts.append(chart(job, history.series(job)))
-        try:
+        try:  # the newest only, without their raw rows: this runs on every reload
             with w.runner.target_engine.connect() as conn:
-                rows = w.runner.state.quarantined(conn, job)
+                rows = w.runner.state.quarantined(conn, job, raw=False, newest=QUARANTINE_SHOWN)
         except Exception:
             rows = []
-        quarantine_total += len(rows)
+        quarantine_total += books["quarantined"] if books else len(rows)  # the ledger's count, as in the table above
         quarantine_rows += [(job, r) for r in rows]
     quarantine_rows.sort(key=lambda jr: jr[1]["at"], reverse=True)
     parts.append(f'<h2 id="quarantine">Quarantine <small>({quarantine_total})</small></h2>')

@@ -239,10 +239,7 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
         with r.target_engine.connect() as conn:
             rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show")
         jobs.append({"job": r.job.name, "quarantined": rows})
-    if args.ids:
-        found = {row["message_id"] for j in jobs for row in j["quarantined"]}
-        if missing := [i for i in args.ids if i not in found]:
-            err.print(f"qbridge: not in quarantine: {', '.join(missing)}", markup=False, highlight=False)
+    missing = _not_in_quarantine(args.ids, {row["message_id"] for j in jobs for row in j["quarantined"]})
     if args.json:
         sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
     elif args.action == "list":
@@ -255,7 +252,15 @@ def cmd_quarantine(args: argparse.Namespace) -> int:
         out.print(t)
     else:
         out.print_json(data={"jobs": jobs})
-    return 1 if args.ids and len({row["message_id"] for j in jobs for row in j["quarantined"]}) < len(set(args.ids)) else 0
+    return 1 if missing else 0
+
+
+def _not_in_quarantine(ids: list[str] | None, found: set[str]) -> list[str]:
+    """The asked-for ids that were not found, said on stderr."""
+    missing = [i for i in (ids or []) if i not in found]
+    if missing:
+        err.print(f"qbridge: not in quarantine: {', '.join(missing)}", markup=False, highlight=False)
+    return missing
 
 
 def _quarantine_settle(args: argparse.Namespace) -> int:
@@ -267,10 +272,7 @@ def _quarantine_settle(args: argparse.Namespace) -> int:
     for r in runners:
         desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
         results += desk.replay(args.ids) if args.action == "replay" else desk.discard(args.ids)
-    done = {o.message_id for o in results}
-    missing = [i for i in (args.ids or []) if i not in done]
-    if missing:
-        err.print(f"qbridge: not in quarantine: {', '.join(missing)}", markup=False, highlight=False)
+    missing = _not_in_quarantine(args.ids, {o.message_id for o in results})
     if args.json:
         sys.stdout.write(orjson.dumps({"actor": actor, "results": [o.as_dict() for o in results]}).decode() + "\n")
     else:

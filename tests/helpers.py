@@ -172,3 +172,20 @@ def kill_at(b: Bridge, point: str, tmp: Path, command: tuple[str, ...] = ("sync"
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(10) == -signal.SIGKILL
+
+
+def walk_slices(source: Any, conn: sa.Connection, bounds: list, page_size: int) -> list:
+    """Every key of a scan source the way Spark's tasks read it: slice by slice between the
+    boundaries, each slice page by page (keyset paging)."""
+    seen: list = []
+    after = None
+    for upto in [*bounds, None]:
+        cursor = after
+        while True:
+            page, last = source.slice_page(conn, cursor, upto, page_size)
+            seen += page
+            if len(page) < page_size:
+                break
+            cursor = last
+        after = upto
+    return seen

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from bridge.samples import biztalk_message, biztalk_store
-from helpers import Bridge, kill_at
+from helpers import Bridge, kill_at, walk_slices
 
 FIX = Path(__file__).parent / "fixtures" / "biztalk"
 MT_PROP = "1ad2c9bd-1c4f-4c49-8a41-0b09e3c2e8a1"  # stands for BTS.MessageType's bt_DocumentSpec id
@@ -217,16 +217,7 @@ def test_slices_page_each_queue_on_its_own_key_and_cover_every_entry_once(bt: Bi
         bounds = source.slice_boundaries(conn, 5)
         assert len(bounds) == 5 and source.count_keys(conn) == 26
         assert {b[0] for b in bounds} == {"Q", "S"}  # a slice straddles the two queues
-        seen, after = [], None
-        for upto in [*bounds, None]:
-            cursor = after
-            while True:
-                page, last = source.slice_page(conn, cursor, upto, 3)
-                seen += page
-                if len(page) < 3:
-                    break
-                cursor = last
-            after = upto
+        seen = walk_slices(source, conn, bounds, 3)
     assert seen == everything and len(set(seen)) == 26
 
 

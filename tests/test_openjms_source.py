@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from bridge.samples import openjms_destination, openjms_message, openjms_store
-from helpers import Bridge, kill_at
+from helpers import Bridge, kill_at, walk_slices
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openjms"
 MAPPING = """
@@ -258,16 +258,7 @@ def test_slices_cover_every_handle_once_in_delivery_order(jms: Jms) -> None:
         assert sorted(everything) == sorted(source.iter_keys(conn))
         bounds = source.slice_boundaries(conn, 7)
         assert len(bounds) == 3 and source.count_keys(conn) == 25
-        seen, after = [], None
-        for upto in [*bounds, None]:
-            cursor = after
-            while True:
-                page, last = source.slice_page(conn, cursor, upto, 4)
-                seen += page
-                if len(page) < 4:
-                    break
-                cursor = last
-            after = upto
+        seen = walk_slices(source, conn, bounds, 4)
     assert seen == everything and len(set(seen)) == 25
 
 

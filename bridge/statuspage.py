@@ -91,7 +91,8 @@ def chart(job: str, series: list[Minute]) -> str:
     top_n = max([m.delivered for m in series] + [1])
     top_lag = max([m.lag for m in series if m.lag is not None] + [1.0])
     step = inner_w / len(series)
-    bars, points = [], []
+    bars: list[str] = []
+    points: list[tuple[str, str]] = []
     for i, m in enumerate(series):
         x = pad + i * step
         if m.delivered:
@@ -99,9 +100,9 @@ def chart(job: str, series: list[Minute]) -> str:
             bars.append(f'<rect class="throughput" x="{x + 1:.1f}" y="{pad + inner_h - bh:.1f}" width="{max(step - 2, 1):.1f}" '
                         f'height="{bh:.1f}"><title>{m.delivered} delivered in minute {_minute(m.start)}</title></rect>')
         if m.lag is not None:
-            points.append(f"{x + step / 2:.1f},{pad + inner_h - inner_h * m.lag / top_lag:.1f}")
-    line = f'<polyline class="lag" points="{" ".join(points)}"/>' if points else ""
-    dots = "".join(f'<circle class="lag" cx="{p.split(",")[0]}" cy="{p.split(",")[1]}" r="2"/>' for p in points)
+            points.append((f"{x + step / 2:.1f}", f"{pad + inner_h - inner_h * m.lag / top_lag:.1f}"))
+    line = f'<polyline class="lag" points="{" ".join(f"{px},{py}" for px, py in points)}"/>' if points else ""
+    dots = "".join(f'<circle class="lag" cx="{px}" cy="{py}" r="2"/>' for px, py in points)
     return (
         f'<svg class="chart" data-job="{_e(job)}" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
         f'aria-label="lag and throughput of {_e(job)} over the last hour">'
@@ -134,12 +135,8 @@ td.reason{max-width:48em;white-space:pre-wrap;font-family:ui-monospace,monospace
 """
 
 
-def render(title: str, workers: list[JobWorker], history: History,
-           books: Callable[[JobWorker], dict[str, Any]] | None = None) -> str:
-    """The whole page, from the databases as they are now (or as `books` last read them)."""
-    from bridge.reconcile import status
-
-    books_of = books or (lambda w: status(w.runner))
+def render(title: str, workers: list[JobWorker], history: History, books_of: Callable[[JobWorker], dict[str, Any]]) -> str:
+    """The whole page; `books_of` gives a job's `status()` (the listener's shared reading)."""
     parts = []
     quarantine_rows: list[tuple[str, dict[str, Any]]] = []
     quarantine_total = 0

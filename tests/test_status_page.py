@@ -151,6 +151,7 @@ def test_a_stopped_job_shows_why_and_a_down_database_does_not_take_the_page(make
 
     import sqlalchemy as sa
 
+    from bridge.reconcile import status
     from bridge.scheduler import JobWorker
     from bridge.statuspage import History, render
 
@@ -160,7 +161,7 @@ def test_a_stopped_job_shows_why_and_a_down_database_does_not_take_the_page(make
     worker = JobWorker(b.runner(), threading.Event())
     worker.tick()
     assert worker.stopped_reason
-    page = render("t.toml", [worker], History())
+    page = render("t.toml", [worker], History(), lambda w: status(w.runner))
     assert "stopped: " in page and "MQueue1" in page and "database unreachable or failing" in page
     assert "nobody" in page  # the lock was released when the job stopped
 

@@ -207,11 +207,11 @@ class NGinnSource(Source):
                 time_of_failure=local_to_utc(failed_at, self.tz),
                 inner_exception_type=parsed.inner_exception_type,
             )
-        meta = {
-            "NGinn.BusMessageId": str(row.key),
-            "NGinn.FromEndpoint": v["from_endpoint"] or "",
-            "NGinn.ToEndpoint": v["to_endpoint"] or "",
-        }
+        # The legacy headers, then NGinn's columns over them (parse_headers made the dict for this row).
+        meta = headers
+        meta["NGinn.BusMessageId"] = str(row.key)
+        meta["NGinn.FromEndpoint"] = v["from_endpoint"] or ""
+        meta["NGinn.ToEndpoint"] = v["to_endpoint"] or ""
         if v["unique_id"]:
             meta["NGinn.UniqueId"] = v["unique_id"]
         if v["label"]:
@@ -231,7 +231,7 @@ class NGinnSource(Source):
             expires=expires,
             retry_count=int(v["retry_count"] or 0),
             failure=failure,
-            headers={**headers, **meta},
+            headers=meta,
             body=v["msg_text"].encode("utf-8"),
         )
 

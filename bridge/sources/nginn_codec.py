@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
 import orjson
 
@@ -47,6 +48,7 @@ def parse_headers(text: str | None) -> dict[str, str]:
     return headers
 
 
+@lru_cache(maxsize=4096)  # a queue's rows name a handful of endpoints, each many times
 def endpoint_queue(endpoint: str | None) -> str | None:
     """`sql://alias/Table` -> `Table`; None for an empty or non-sql endpoint."""
     if not endpoint:

@@ -48,10 +48,7 @@ def envelope(
     action = getattr(mapping.states, msg.state)
     if action == "skip":
         return Skipped(f"state {msg.state} -> skip")
-    legacy_types = msg.enclosed_types or [n for n in (msg.destination, msg.source.queue) if n in mapping.types][:1]
-    types = [mapping.map_type(t) for t in legacy_types]
-    candidates = [*msg.enclosed_types, *types, msg.destination, msg.source.queue]
-    routed = mapping.route(candidates)
+    types, routed = _routing(msg, mapping)
     if routed is None:
         raise BadRow(
             f"no route for queue {msg.source.queue!r}, destination {msg.destination!r} or type "
@@ -61,11 +58,11 @@ def envelope(
         return Skipped(came_from)
     mid = str(msg.message_id)
     headers = _legacy_headers(msg, mapping, translated)
-    headers.update(_derived(msg, types, mid))
+    _add_derived(headers, msg, types, mid)
     if msg.reply_to:
         # Only an exact route translates a reply queue; '*' says where unknown messages go,
         # not where their senders listen, so an unrouted reply queue keeps its own name.
-        headers["NServiceBus.ReplyToAddress"] = tables.address(mapping.routes.get(msg.reply_to, msg.reply_to))
+        headers["NServiceBus.ReplyToAddress"] = _reply_address(msg.reply_to, mapping, tables)
     headers.setdefault("NServiceBus.OriginatingEndpoint", msg.source.queue)
     headers.setdefault("NServiceBus.OriginatingMachine", msg.source.database)
 
@@ -88,15 +85,43 @@ def envelope(
     if expires is not None:
         headers["NServiceBus.TimeToBeReceived"] = timespan(expires - msg.time_sent)
 
-    headers.update(part_headers(msg))
-    values = {
-        "system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
-        "key": msg.source.key, "message_id": mid, "destination": routed,
-        "state": msg.state, "type": types[0] if types else "",
-    }
-    for name, template in mapping.headers.set.items():
-        headers[name] = render_template(template, values, headers)
-    return Outgoing(kind=kind, queue=queue, headers=headers, body=msg.body, expires=expires, due=due, row_id=msg.message_id)
+    if msg.parts:
+        headers.update(part_headers(msg))
+    if mapping.headers.set:
+        values = {
+            "system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
+            "key": msg.source.key, "message_id": mid, "destination": routed,
+            "state": msg.state, "type": types[0] if types else "",
+        }
+        for name, template in mapping.headers.set.items():
+            headers[name] = render_template(template, values, headers)
+    return Outgoing(kind, queue, headers, msg.body, expires, due, msg.message_id)
+
+
+def _routing(msg: CanonicalMessage, mapping: Mapping) -> tuple[list[str], str | None]:
+    """(the NServiceBus types, the routed queue) of a message; the same for every message of a
+    queue with the same legacy types and destination, so worked out once per such combination."""
+    memo: dict[tuple[tuple[str, ...], str, str], tuple[list[str], str | None]] = mapping.__dict__.setdefault("_routing", {})
+    key = (tuple(msg.enclosed_types), msg.destination, msg.source.queue)
+    found = memo.get(key)
+    if found is None:
+        legacy_types = msg.enclosed_types or [n for n in (msg.destination, msg.source.queue) if n in mapping.types][:1]
+        types = [mapping.map_type(t) for t in legacy_types]
+        found = types, mapping.route([*msg.enclosed_types, *types, msg.destination, msg.source.queue])
+        if len(memo) < 10_000:
+            memo[key] = found
+    return list(found[0]), found[1]
+
+
+def _reply_address(reply_to: str, mapping: Mapping, tables: TargetTables) -> str:
+    memo: dict[tuple[str, str, str, str | None], str] = mapping.__dict__.setdefault("_reply_addresses", {})
+    key = (reply_to, tables.flavor, tables.schema, tables.catalog)
+    address = memo.get(key)
+    if address is None:
+        address = tables.address(mapping.routes.get(reply_to, reply_to))
+        if len(memo) < 10_000:
+            memo[key] = address
+    return address
 
 
 def part_headers(msg: CanonicalMessage) -> dict[str, str]:
@@ -122,22 +147,21 @@ def _legacy_headers(msg: CanonicalMessage, mapping: Mapping, translated: frozens
     return {target: headers[name] for name, target in plan}
 
 
-def _derived(msg: CanonicalMessage, types: list[str], mid: str) -> dict[str, str]:
-    h = {
-        "NServiceBus.MessageId": mid,
-        "NServiceBus.MessageIntent": msg.intent,
-        "NServiceBus.TimeSent": to_wire(msg.time_sent),
-        "NServiceBus.CorrelationId": msg.correlation_id or mid,
-        "NServiceBus.ConversationId": msg.conversation_id or mid,
-        ECHO_HEADER: f"{msg.source.system}://{msg.source.database}/{msg.source.queue}/{msg.source.key}",
-    }
+def _add_derived(h: dict[str, str], msg: CanonicalMessage, types: list[str], mid: str) -> None:
+    """The headers qbridge derives from the message, set over the legacy ones."""
+    src = msg.source
+    h["NServiceBus.MessageId"] = mid
+    h["NServiceBus.MessageIntent"] = msg.intent
+    h["NServiceBus.TimeSent"] = to_wire(msg.time_sent)
+    h["NServiceBus.CorrelationId"] = msg.correlation_id or mid
+    h["NServiceBus.ConversationId"] = msg.conversation_id or mid
+    h[ECHO_HEADER] = f"{src.system}://{src.database}/{src.queue}/{src.key}"
     if types:
-        h["NServiceBus.EnclosedMessageTypes"] = ";".join(dict.fromkeys(types))
+        h["NServiceBus.EnclosedMessageTypes"] = types[0] if len(types) == 1 else ";".join(dict.fromkeys(types))
     if msg.content_type:
         h["NServiceBus.ContentType"] = msg.content_type
     if msg.priority is not None:
         h["QBridge.Priority"] = str(msg.priority)
-    return h
 
 
 def _failure_headers(msg: CanonicalMessage, tables: TargetTables, routed: str) -> dict[str, str]:

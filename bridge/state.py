@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy import exc as sa_exc
 
 from bridge.pipeline.gaps import Gap
-from bridge.targets.bulk import insert_rows
+from bridge.targets.bulk import insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
 
 LEDGER = "qbridge_ledger"
@@ -26,6 +26,7 @@ CHECKPOINT = "qbridge_checkpoint"
 QUARANTINE = "qbridge_quarantine"
 AUDIT = "qbridge_quarantine_audit"
 OUTCOMES = ("delivered", "skipped", "quarantined")
+LEDGER_COLUMNS = ("message_id", "job", "queue", "source_key", "outcome", "target", "reason", "at")
 
 
 def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dict[str, sa.Table]:
@@ -234,9 +235,8 @@ class State:
                quarantined: Sequence[Quarantined]) -> None:
         now = naive_utc(utcnow())
         if entries:
-            insert_rows(conn, self.ledger, [
-                {"message_id": str(e.message_id), "job": job, "queue": queue, "source_key": e.source_key,
-                 "outcome": e.outcome, "target": e.target, "reason": (e.reason or None) and e.reason[:500], "at": now}
+            insert_values(conn, self.ledger, LEDGER_COLUMNS, [
+                (str(e.message_id), job, queue, e.source_key, e.outcome, e.target, (e.reason or None) and e.reason[:500], now)
                 for e in entries
             ])
         if quarantined:

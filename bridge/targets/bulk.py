@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,10 +13,26 @@ def insert_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]
     engines qbridge creates with fast_executemany)."""
     if not rows:
         return
-    if conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg":
-        copy_rows(conn, table, rows)
+    if copies(conn):
+        names = list(rows[0])
+        copy_rows(conn, table, names, [[row[n] for n in names] for row in rows])
     else:
         conn.execute(table.insert(), rows)
+
+
+def insert_values(conn: sa.Connection, table: sa.Table, names: Sequence[str], rows: list[Sequence[Any]]) -> None:
+    """insert_rows for rows given as values in the order of `names` (no dict per row on COPY's path)."""
+    if not rows:
+        return
+    if copies(conn):
+        copy_rows(conn, table, names, rows)
+    else:
+        conn.execute(table.insert(), [dict(zip(names, row)) for row in rows])
+
+
+def copies(conn: sa.Connection) -> bool:
+    """Whether inserts on `conn` go through COPY (PostgreSQL through psycopg)."""
+    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
 
 
 def _binary_type(column: sa.Column) -> str | None:
@@ -35,11 +52,10 @@ _BINARY_TYPES = (
 )
 
 
-def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+def copy_rows(conn: sa.Connection, table: sa.Table, names: Sequence[str], rows: list[Sequence[Any]]) -> None:
     """`COPY ... FROM STDIN` on the connection's own transaction; binary when every column's type
     is known (bodies travel as raw bytes instead of hex text, timestamps unparsed)."""
     prep = conn.dialect.identifier_preparer
-    names = list(rows[0])
     types = [_binary_type(table.c[n]) for n in names]
     binary = all(types)
     sql = f"COPY {prep.format_table(table)} ({', '.join(prep.quote(n) for n in names)}) FROM STDIN"
@@ -53,7 +69,7 @@ def copy_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) 
             if binary:
                 copy.set_types(types)
             for row in rows:
-                copy.write_row([row[n] for n in names])
+                copy.write_row(row)
     except dbapi.Error as e:
         # COPY bypasses SQLAlchemy's execute; wrap the driver error the way execute would
         # (IntegrityError, OperationalError, ...) so callers see one kind of error everywhere.

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
 from bridge.sources.base import Subscription
-from bridge.targets.bulk import insert_rows
+from bridge.targets.bulk import insert_values
 from bridge.targets.envelope import Outgoing
 from bridge.targets.nservicebus import TargetTables
 from bridge.timefmt import naive_utc
@@ -49,23 +49,25 @@ class TargetWriter:
         for (kind, queue), items in groups.items():
             table = self.tables.delayed(queue) if kind == "delayed" else self.tables.queue(queue)
             have = self._columns(conn, table)
-            rows = [self._row(kind, o, have) for o in items]
-            insert_rows(conn, table, rows)
+            names, rows = self._rows(kind, items, have)
+            insert_values(conn, table, names, rows)
 
-    def _row(self, kind: str, out: Outgoing, have: set[str]) -> dict[str, Any]:
-        t_headers = headers_json(out.headers)
+    def _rows(self, kind: str, outs: list[Outgoing], have: set[str]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        """The column names and the rows of one transport table, as the flavor's transport writes them."""
         if self.tables.flavor == "postgresql":
             if kind == "delayed":
-                return {"id": out.row_id or uuid.uuid4(), "headers": t_headers, "body": out.body, "due": out.due}
-            return {"id": out.row_id or uuid.uuid4(), "expires": naive_utc(out.expires), "headers": t_headers, "body": out.body}
+                return ("id", "headers", "body", "due"), [
+                    (o.row_id or uuid.uuid4(), headers_json(o.headers), o.body, o.due) for o in outs]
+            return ("id", "expires", "headers", "body"), [
+                (o.row_id or uuid.uuid4(), naive_utc(o.expires), headers_json(o.headers), o.body) for o in outs]
         if kind == "delayed":
-            return {"Headers": t_headers, "Body": out.body, "Due": naive_utc(out.due)}
-        row: dict[str, Any] = {"Id": out.row_id or uuid.uuid4(), "Expires": naive_utc(out.expires), "Headers": t_headers, "Body": out.body}
+            return ("Headers", "Body", "Due"), [(headers_json(o.headers), o.body, naive_utc(o.due)) for o in outs]
+        rows = [(o.row_id or uuid.uuid4(), naive_utc(o.expires), headers_json(o.headers), o.body) for o in outs]
         # Tables created by transport 7+ still have Recoverable (NOT NULL, no default); older
         # hand-made ones may not, and the transport itself checks before inserting.
         if "Recoverable" in have:
-            row["Recoverable"] = True
-        return row
+            return ("Id", "Expires", "Headers", "Body", "Recoverable"), [(*row, True) for row in rows]
+        return ("Id", "Expires", "Headers", "Body"), rows
 
     def write_subscriptions(self, conn: sa.Connection, subs: Iterable[tuple[Subscription, str, str]]) -> int:
         """Upserts (subscription, routed endpoint, queue address) rows; returns how many changed."""

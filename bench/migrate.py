@@ -16,6 +16,9 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
       same-shaped table, no transformation (what the database spends moving these bytes),
   (e) dlt: `sql_table` (pyarrow backend) -> `postgres` destination (parquet loader files), the
       whole table, as dlt's docs recommend for speed,
+  (f) the floor, not a goal's reference: (d)'s pipe into the tables exactly-once must write, the
+      transport's queue table (uuid primary key, seq) and qbridge's ledger (one row per message,
+      its two indexes), in one transaction; f/d is what those tables cost the database itself,
 each as its own process, sampling the summed RSS of its Python processes (driver and Spark's
 Python workers; the JVM is not a Python process) every 100 ms. Prints rows/s, a/d (time),
 a/e (rows/s), a/c, peak RSS, and where (a)'s time went. Goals (issue 12): a/d <= 3.0 at 500k
@@ -34,6 +37,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import sqlalchemy as sa
 
 PG = "postgresql+psycopg://127.0.0.1/test"
 SRC, TGT, REF, DLT = "qbench_src", "qbench_tgt", "qbench_ref", "qbench_dlt"
@@ -135,6 +139,17 @@ PLAIN = (f'SELECT id, msg_headers, convert_to(msg_text, \'UTF8\'), insert_time, 
          "WHERE subqueue = 'I'", f'"{REF}"."plain" (id, headers, body, insert_time, retry_time)')
 
 
+# (f): the same pipe as (d), into what exactly-once has to write: the transport's queue table
+# (uuid primary key, seq) and qbridge's ledger (primary key on the message id, the job index).
+FLOOR = [
+    (f'SELECT md5(\'nginn/LegacyDb/{QUEUE}/\' || id)::uuid, msg_headers, convert_to(msg_text, \'UTF8\') '
+     f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'', f'"{REF}"."Orders" (id, headers, body)'),
+    (f'SELECT md5(\'nginn/LegacyDb/{QUEUE}/\' || id)::uuid::text, \'bench\', \'{QUEUE}\', id::text, \'delivered\', '
+     f'\'Orders\', now()::timestamp FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'',
+     f'"{REF}"."qbridge_ledger" (message_id, job, queue, source_key, outcome, target, at)'),
+]
+
+
 def libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
@@ -157,6 +172,24 @@ def plain_pipe(url: str) -> None:
                 dst.cursor().copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as into:
             for block in out:
                 into.write(block)
+        dst.commit()
+
+
+def floor_pipe(url: str) -> None:
+    """(f), in its own process: binary COPY-to-COPY pipes into the queue table and the ledger, in
+    one transaction, no transformation: what the database spends on the rows exactly-once writes."""
+    from bridge.state import state_tables
+
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        state_tables(REF)["ledger"].create(conn)
+    engine.dispose()
+    with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
+        for select, table in FLOOR:
+            with src.cursor().copy(f"COPY ({select}) TO STDOUT (FORMAT BINARY)") as out, \
+                    dst.cursor().copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as into:
+                for block in out:
+                    into.write(block)
         dst.commit()
 
 
@@ -250,7 +283,7 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
     subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
-ENGINES = "abcde"
+ENGINES = "abcdef"
 
 
 def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
@@ -270,6 +303,7 @@ def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[floa
     py, me = sys.executable, str(Path(__file__).resolve())
     for name, schema, cmd in (
         ("d", REF, [py, me, "--plain", url]),
+        ("f", REF, [py, me, "--floor", url]),
         ("c", REF, [py, me, "--reference", url]),
         ("e", DLT, [py, me, "--dlt", url]),
         ("a", TGT, [py, "-m", "bridge.cli", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
@@ -287,6 +321,8 @@ def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[floa
         seconds, peak, err = timed(cmd, work)
         if name == "d":
             got, expected = count(url, f'"{REF}"."plain"'), ready
+        elif name == "f":
+            got, expected = count(url, f'"{REF}"."Orders"'), ready
         elif name == "e":
             got, expected = count(url, f'"{DLT}"."m_queue1"'), n
         else:
@@ -305,10 +341,11 @@ def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[floa
 
 def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
     print()
-    names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt"}
+    names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt", "f": "(f) floor"}
     present = [k for k in ENGINES if all(k in r for r in table.values())]
     head = f"{'N':>10} " + " ".join(f"{names[k]:>12}" for k in present)
-    ratios = [("a/d time", "a", "d"), ("a/c rate", "a", "c"), ("a/e rate", "a", "e")]
+    ratios = [("a/d time", "a", "d"), ("a/f time", "a", "f"), ("f/d time", "f", "d"), ("a/c rate", "a", "c"),
+              ("a/e rate", "a", "e")]
     ratios = [r for r in ratios if r[1] in present and r[2] in present]
     head += "".join(f" {r[0]:>9}" for r in ratios) + "".join(f" {'RSS ' + k:>8}" for k in present)
     print(head + "   (rows/s; RSS in MiB)")
@@ -336,12 +373,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[500_000, 1_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
-    p.add_argument("--engines", default="adce", help="which of a, b, c, d, e to run (default a, c, d, e)")
+    p.add_argument("--engines", default="adfce", help="which of a, b, c, d, e, f to run (default a, c, d, e, f)")
+    p.add_argument("--floor", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--plain", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--dlt", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args()
-    for flag, run in ((args.reference, reference), (args.plain, plain_pipe), (args.dlt, dlt_copy)):
+    for flag, run in ((args.reference, reference), (args.plain, plain_pipe), (args.dlt, dlt_copy), (args.floor, floor_pipe)):
         if flag:
             run(flag)
             return

@@ -164,10 +164,10 @@ def run_unit(config: Config, unit: WorkUnit) -> tuple[int, PassStats, list[Gap]]
 
 
 # -- driver side -----------------------------------------------------------------------------
-def spark_session(master: str | None, app: str = "qbridge migrate") -> Any:
-    """A SparkSession on `master`; None keeps the master spark-submit was given."""
-    from pyspark import SparkConf
-    from pyspark.sql import SparkSession
+def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
+    """A SparkContext on `master`; None keeps the master spark-submit was given. The units are an
+    RDD: no SparkSession, whose SQL start-up alone took ~2 s of the JVM's start."""
+    from pyspark import SparkConf, SparkContext
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -190,7 +190,7 @@ def spark_session(master: str | None, app: str = "qbridge migrate") -> Any:
         # Plain local masters never retry a failed task; give them the same attempts as a cluster.
         conf.setMaster(f"local[{m.group(2) or 1},{TASK_ATTEMPTS}]" if m else master)
     _quiet_gateway(conf)
-    return SparkSession.builder.config(conf=conf).getOrCreate()
+    return SparkContext.getOrCreate(conf=conf)
 
 
 # What the JVM says on every start that a user cannot act on (shown at --log-level DEBUG).
@@ -233,7 +233,7 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
 
     def start() -> None:
         try:
-            starting["spark"] = spark_session(master)
+            starting["spark"] = spark_context(master)
             starting["ready"] = time.monotonic() - began
         except BaseException as e:
             starting["error"] = e
@@ -256,8 +256,7 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
     launcher.join()
     if "error" in starting:
         raise starting["error"]
-    spark = starting["spark"]
-    sc = spark.sparkContext
+    sc = starting["spark"]
     try:
         if cores is None:  # a cluster: plan for the task slots it has
             plans, units = _plan(runners, unit_rows, attempts, max(1, int(sc.defaultParallelism)))
@@ -269,7 +268,7 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
         _where_the_time_went(starting.get("ready", planned), planned, time.monotonic() - began, totals, sc)
         return totals
     finally:
-        spark.stop()
+        sc.stop()
 
 
 def _where_the_time_went(jvm: float, planned: float, total: float, totals: list[PassStats], sc: Any) -> None:

@@ -19,6 +19,7 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
   (f) the floor, not a goal's reference: (d)'s pipe into the tables exactly-once must write, the
       transport's queue table (uuid primary key, seq) and qbridge's ledger (one row per message,
       its two indexes), in one transaction; f/d is what those tables cost the database itself,
+and, after (a), `qbridge verify` of what it moved (time, peak RSS);
 each as its own process, sampling the summed RSS of its Python processes (driver and Spark's
 Python workers; the JVM is not a Python process) every 100 ms. Prints rows/s, a/d (time),
 a/e (rows/s), a/c, peak RSS, and where (a)'s time went. Goals (issue 12): a/d <= 3.0 at 500k
@@ -336,6 +337,10 @@ def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[floa
             for line in err.splitlines():
                 if "where the time went" in line:
                     print("      " + line.split("INFO qbridge.migrate ", 1)[-1], flush=True)
+            # `verify` of what (a) moved: the source ids merged with the ledger as two streams.
+            v_seconds, v_peak, _ = timed([py, "-m", "bridge.cli", "verify", "-c", str(work / f"{TGT}.toml")], work)
+            results["verify"] = (v_seconds, v_peak, n)
+            print(f"      verify {v_seconds:.1f} s, peak RSS {v_peak / 2**20:.0f} MiB, balanced", flush=True)
     return results
 
 
@@ -363,6 +368,10 @@ def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
             print(f"peak RSS ({k}) at {large:,} / at {small:,}: {table[large][k][1] / max(1, table[small][k][1]):.2f}"
                   f";  rows/s at {large:,} / at {small:,}: "
                   f"{(table[large][k][2] / table[large][k][0]) / (table[small][k][2] / table[small][k][0]):.2f}")
+    verified = [(n, r["verify"]) for n, r in table.items() if "verify" in r]
+    if len(verified) > 1:
+        (small, vs), (large, vl) = verified[0], verified[-1]
+        print(f"verify at {large:,} / at {small:,}: peak RSS {vl[1] / max(1, vs[1]):.2f}, time {vl[0] / vs[0]:.2f}")
     if "e" in present:
         import dlt
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import uuid
 from functools import lru_cache
-from typing import Annotated, Literal
+from datetime import datetime
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AwareDatetime as PydanticAwareDatetime
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -94,3 +95,25 @@ class CanonicalMessage(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     body: bytes | None = None
     parts: list[Part] = Field(default_factory=list)
+
+
+class PlainMessage(NamedTuple):
+    """A message with no due time, expiry, failure or parts, waiting or already processed: the
+    common cases, handed from a source to a target without building a CanonicalMessage (the fast
+    lane, see `Source.plain`). A source makes one only from values it has checked itself;
+    anything unusual stays on the validated path."""
+
+    state: Literal["ready", "processed"]
+    message_id: uuid.UUID
+    system: str
+    database: str
+    queue: str
+    key: str
+    destination: str
+    reply_to: str | None
+    correlation_id: str | None
+    enclosed_types: list[str]
+    content_type: str | None
+    time_sent: datetime  # aware
+    headers: dict[str, str]
+    body: bytes

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from bridge.config import JobConfig
 from bridge.errors import BadRow
-from bridge.model import CanonicalMessage, message_id_for
+from bridge.model import CanonicalMessage, PlainMessage, message_id_for
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,11 @@ class Source:
     def decode(self, row: SourceRow) -> CanonicalMessage:
         """The canonical message of `row`; raises BadRow with the reason when it cannot be read."""
         raise NotImplementedError
+
+    def plain(self, row: SourceRow, message_id: Any) -> PlainMessage | None:
+        """The fast lane: `row` as a PlainMessage when it is the common case and every check
+        `decode` plus the model would make passes; None sends it through `decode` (the default)."""
+        return None
 
     def message(self, row: SourceRow, **fields: Any) -> CanonicalMessage:
         """The canonical message of `row`, its id and coordinates filled in; a field that does not

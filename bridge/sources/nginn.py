@@ -6,6 +6,7 @@ Facts: reference/legacy-sources.md §1. The table is named like the queue (`sql:
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -14,13 +15,14 @@ import sqlalchemy as sa
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.identifiers import check_fits
-from bridge.model import CanonicalMessage, Failure
+from bridge.model import CanonicalMessage, Failure, PlainMessage
 from bridge.sources import nginn_codec as codec
 from bridge.sources.base import Source, SourceRow, Subscription
 from bridge.timefmt import local_to_utc, utcnow, zone
 
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
 CONSUMABLE = ("I", "R", "F")
+PLAIN_STATES = {"I": "ready", "X": "processed"}  # rows the fast lane takes (see NGinnSource.plain)
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
 COLUMNS = (
     "id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count",
@@ -207,17 +209,6 @@ class NGinnSource(Source):
                 time_of_failure=local_to_utc(failed_at, self.tz),
                 inner_exception_type=parsed.inner_exception_type,
             )
-        # The legacy headers, then NGinn's columns over them (parse_headers made the dict for this row).
-        meta = headers
-        meta["NGinn.BusMessageId"] = str(row.key)
-        meta["NGinn.FromEndpoint"] = v["from_endpoint"] or ""
-        meta["NGinn.ToEndpoint"] = v["to_endpoint"] or ""
-        if v["unique_id"]:
-            meta["NGinn.UniqueId"] = v["unique_id"]
-        if v["label"]:
-            meta["NGinn.Label"] = v["label"]
-        if v["retry_count"]:
-            meta["NGinn.RetryCount"] = str(v["retry_count"])
         return self.message(
             row,
             state=state,
@@ -231,12 +222,55 @@ class NGinnSource(Source):
             expires=expires,
             retry_count=int(v["retry_count"] or 0),
             failure=failure,
-            headers=meta,
+            headers=_with_columns(headers, v, row.key),
             body=v["msg_text"].encode("utf-8"),
+        )
+
+    def plain(self, row: SourceRow, message_id: uuid.UUID) -> PlainMessage | None:
+        """A waiting ('I') or processed ('X') row as a PlainMessage, with `decode`'s own steps and
+        every check the validated path would make; None for anything else, which `decode` reads."""
+        v = row.values
+        retry_count = v["retry_count"]
+        state = PLAIN_STATES.get(v["subqueue"])
+        if (state is None or v["insert_time"] is None or v["retry_time"] is None
+                or type(retry_count) is not int or retry_count < 0 or type(v["msg_text"]) is not str):
+            return None
+        try:
+            headers = codec.parse_headers(v["msg_headers"])
+            legacy_type = codec.body_type(v["msg_text"]) or headers.get(codec.HDR_MSG_TYPE)
+        except BadRow:
+            return None
+        if codec.HDR_TTL in headers:
+            return None  # it may have expired: `decode` decides
+        reply = headers.get(codec.HDR_REPLY_TO)
+        return PlainMessage(
+            state, message_id, self.system, self.database, self.queue, str(row.key),
+            codec.endpoint_queue(v["to_endpoint"]) or self.queue,
+            (codec.endpoint_queue(reply) or reply) if reply else None,
+            v["correlation_id"] or None,
+            [legacy_type] if legacy_type else [],
+            "application/json",
+            local_to_utc(v["insert_time"], self.tz),
+            _with_columns(headers, v, row.key),
+            v["msg_text"].encode("utf-8"),
         )
 
     def subscriptions(self, conn: sa.Connection) -> list[Subscription]:
         return live_subscriptions(conn, self.job.source.schema_, self.tz)
+
+
+def _with_columns(headers: dict[str, str], v: dict[str, Any], key: int) -> dict[str, str]:
+    """The legacy headers, then NGinn's own columns over them (`headers` is this row's own dict)."""
+    headers["NGinn.BusMessageId"] = str(key)
+    headers["NGinn.FromEndpoint"] = v["from_endpoint"] or ""
+    headers["NGinn.ToEndpoint"] = v["to_endpoint"] or ""
+    if v["unique_id"]:
+        headers["NGinn.UniqueId"] = v["unique_id"]
+    if v["label"]:
+        headers["NGinn.Label"] = v["label"]
+    if v["retry_count"]:
+        headers["NGinn.RetryCount"] = str(v["retry_count"])
+    return headers
 
 
 def live_subscriptions(conn: sa.Connection, schema: str | None, tz: Any) -> list[Subscription]:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from bridge.config import JobConfig
 from bridge.mapping import Mapping
-from bridge.model import CanonicalMessage
+from bridge.model import CanonicalMessage, PlainMessage
 from bridge.sources.base import Subscription
 
 
@@ -51,6 +51,11 @@ class Target:
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> Any:
         """The row(s) `msg` becomes, or Skipped; raises BadRow when it cannot go anywhere."""
         raise NotImplementedError
+
+    def plain_envelope(self, msg: PlainMessage, translated: frozenset[str]) -> Any | None:
+        """`envelope` of a plain message, or None to leave it to `envelope` (the default: targets
+        without a fast lane get every message as a CanonicalMessage)."""
+        return None
 
     def ledger_target(self, out: Any) -> str:
         """Where `out` went, as the ledger records it."""

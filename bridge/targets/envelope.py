@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, NamedTuple
 
@@ -12,7 +13,7 @@ import orjson
 from bridge.config import TargetConfig
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
-from bridge.model import CanonicalMessage
+from bridge.model import CanonicalMessage, PlainMessage
 from bridge.targets.base import Skipped
 from bridge.targets.echo import ECHO_HEADER, echo_of
 from bridge.targets.nservicebus import TargetTables
@@ -48,7 +49,8 @@ def envelope(
     action = getattr(mapping.states, msg.state)
     if action == "skip":
         return Skipped(f"state {msg.state} -> skip")
-    types, routed = _routing(msg, mapping)
+    src = msg.source
+    types, routed = routing(msg.enclosed_types, msg.destination, src.queue, mapping)
     if routed is None:
         raise BadRow(
             f"no route for queue {msg.source.queue!r}, destination {msg.destination!r} or type "
@@ -57,14 +59,9 @@ def envelope(
     if (came_from := echo_of(msg.headers.get(ECHO_HEADER), "nservicebus", routed, database)) is not None:
         return Skipped(came_from)
     mid = str(msg.message_id)
-    headers = _legacy_headers(msg, mapping, translated)
-    _add_derived(headers, msg, types, mid)
-    if msg.reply_to:
-        # Only an exact route translates a reply queue; '*' says where unknown messages go,
-        # not where their senders listen, so an unrouted reply queue keeps its own name.
-        headers["NServiceBus.ReplyToAddress"] = _reply_address(msg.reply_to, mapping, tables)
-    headers.setdefault("NServiceBus.OriginatingEndpoint", msg.source.queue)
-    headers.setdefault("NServiceBus.OriginatingMachine", msg.source.database)
+    headers = _common_headers(msg.headers, mapping, tables, translated, mid, msg.intent, msg.time_sent, msg.correlation_id,
+                              msg.conversation_id, src.system, src.database, src.queue, src.key, types, msg.content_type,
+                              msg.priority, msg.reply_to)
 
     kind: Literal["queue", "delayed"] = "queue"
     queue, expires, due = routed, msg.expires, None
@@ -88,26 +85,77 @@ def envelope(
     if msg.parts:
         headers.update(part_headers(msg))
     if mapping.headers.set:
-        values = {
-            "system": msg.source.system, "database": msg.source.database, "queue": msg.source.queue,
-            "key": msg.source.key, "message_id": mid, "destination": routed,
-            "state": msg.state, "type": types[0] if types else "",
-        }
-        for name, template in mapping.headers.set.items():
-            headers[name] = render_template(template, values, headers)
+        _set_headers(headers, mapping, src.system, src.database, src.queue, src.key, mid, routed, msg.state, types)
     return Outgoing(kind, queue, headers, msg.body, expires, due, msg.message_id)
 
 
-def _routing(msg: CanonicalMessage, mapping: Mapping) -> tuple[list[str], str | None]:
+def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, translated: frozenset[str] = frozenset(),
+                   ) -> Outgoing | Skipped | None:
+    """`envelope` of a plain message, with the same helpers; None when its rules need the full
+    message (a state not mapped to 'queue' or 'skip', no route, or an echo tag): the generic path
+    then decides, quarantine reasons included."""
+    action = getattr(mapping.states, msg.state)
+    if action == "skip":
+        return Skipped(f"state {msg.state} -> skip")
+    if action != "queue" or ECHO_HEADER in msg.headers:
+        return None
+    types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
+    if routed is None:
+        return None
+    mid = str(msg.message_id)
+    headers = _common_headers(msg.headers, mapping, tables, translated, mid, "Send", msg.time_sent, msg.correlation_id,
+                              None, msg.system, msg.database, msg.queue, msg.key, types, msg.content_type, None, msg.reply_to)
+    if mapping.headers.set:
+        _set_headers(headers, mapping, msg.system, msg.database, msg.queue, msg.key, mid, routed, msg.state, types)
+    return Outgoing("queue", routed, headers, msg.body, None, None, msg.message_id)
+
+
+def _common_headers(legacy: dict[str, str], mapping: Mapping, tables: TargetTables, translated: frozenset[str], mid: str,
+                    intent: str, time_sent: datetime, correlation_id: str | None, conversation_id: str | None, system: str,
+                    database: str, queue: str, key: str, types: list[str], content_type: str | None, priority: int | None,
+                    reply_to: str | None) -> dict[str, str]:
+    """The headers of every message whatever its state: legacy ones mapped, derived ones, reply address, origin."""
+    h = _legacy_headers(legacy, mapping, translated)
+    h["NServiceBus.MessageId"] = mid
+    h["NServiceBus.MessageIntent"] = intent
+    h["NServiceBus.TimeSent"] = to_wire(time_sent)
+    h["NServiceBus.CorrelationId"] = correlation_id or mid
+    h["NServiceBus.ConversationId"] = conversation_id or mid
+    h[ECHO_HEADER] = f"{system}://{database}/{queue}/{key}"
+    if types:
+        h["NServiceBus.EnclosedMessageTypes"] = types[0] if len(types) == 1 else ";".join(dict.fromkeys(types))
+    if content_type:
+        h["NServiceBus.ContentType"] = content_type
+    if priority is not None:
+        h["QBridge.Priority"] = str(priority)
+    if reply_to:
+        # Only an exact route translates a reply queue; '*' says where unknown messages go,
+        # not where their senders listen, so an unrouted reply queue keeps its own name.
+        h["NServiceBus.ReplyToAddress"] = _reply_address(reply_to, mapping, tables)
+    h.setdefault("NServiceBus.OriginatingEndpoint", queue)
+    h.setdefault("NServiceBus.OriginatingMachine", database)
+    return h
+
+
+def _set_headers(headers: dict[str, str], mapping: Mapping, system: str, database: str, queue: str, key: str, mid: str,
+                 routed: str, state: str, types: list[str]) -> None:
+    """`[headers.set]`: templates over the message's coordinates and its other headers."""
+    values = {"system": system, "database": database, "queue": queue, "key": key, "message_id": mid,
+              "destination": routed, "state": state, "type": types[0] if types else ""}
+    for name, template in mapping.headers.set.items():
+        headers[name] = render_template(template, values, headers)
+
+
+def routing(enclosed_types: Sequence[str], destination: str, queue: str, mapping: Mapping) -> tuple[list[str], str | None]:
     """(the NServiceBus types, the routed queue) of a message; the same for every message of a
     queue with the same legacy types and destination, so worked out once per such combination."""
     memo: dict[tuple[tuple[str, ...], str, str], tuple[list[str], str | None]] = mapping.__dict__.setdefault("_routing", {})
-    key = (tuple(msg.enclosed_types), msg.destination, msg.source.queue)
+    key = (tuple(enclosed_types), destination, queue)
     found = memo.get(key)
     if found is None:
-        legacy_types = msg.enclosed_types or [n for n in (msg.destination, msg.source.queue) if n in mapping.types][:1]
+        legacy_types = list(enclosed_types) or [n for n in (destination, queue) if n in mapping.types][:1]
         types = [mapping.map_type(t) for t in legacy_types]
-        found = types, mapping.route([*msg.enclosed_types, *types, msg.destination, msg.source.queue])
+        found = types, mapping.route([*enclosed_types, *types, destination, queue])
         if len(memo) < 10_000:
             memo[key] = found
     return list(found[0]), found[1]
@@ -134,8 +182,7 @@ def part_headers(msg: CanonicalMessage) -> dict[str, str]:
     return out
 
 
-def _legacy_headers(msg: CanonicalMessage, mapping: Mapping, translated: frozenset[str]) -> dict[str, str]:
-    headers = msg.headers
+def _legacy_headers(headers: dict[str, str], mapping: Mapping, translated: frozenset[str]) -> dict[str, str]:
     # Messages of one queue mostly carry the same header names: one plan per name set.
     plans: dict[tuple[tuple[str, ...], frozenset[str]], list[tuple[str, str]]] = mapping.__dict__.setdefault("_header_plans", {})
     key = (tuple(headers), translated)
@@ -145,23 +192,6 @@ def _legacy_headers(msg: CanonicalMessage, mapping: Mapping, translated: frozens
         if len(plans) < 1000:
             plans[key] = plan
     return {target: headers[name] for name, target in plan}
-
-
-def _add_derived(h: dict[str, str], msg: CanonicalMessage, types: list[str], mid: str) -> None:
-    """The headers qbridge derives from the message, set over the legacy ones."""
-    src = msg.source
-    h["NServiceBus.MessageId"] = mid
-    h["NServiceBus.MessageIntent"] = msg.intent
-    h["NServiceBus.TimeSent"] = to_wire(msg.time_sent)
-    h["NServiceBus.CorrelationId"] = msg.correlation_id or mid
-    h["NServiceBus.ConversationId"] = msg.conversation_id or mid
-    h[ECHO_HEADER] = f"{src.system}://{src.database}/{src.queue}/{src.key}"
-    if types:
-        h["NServiceBus.EnclosedMessageTypes"] = types[0] if len(types) == 1 else ";".join(dict.fromkeys(types))
-    if msg.content_type:
-        h["NServiceBus.ContentType"] = msg.content_type
-    if msg.priority is not None:
-        h["QBridge.Priority"] = str(msg.priority)
 
 
 def _failure_headers(msg: CanonicalMessage, tables: TargetTables, routed: str) -> dict[str, str]:

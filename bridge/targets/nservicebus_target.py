@@ -10,9 +10,9 @@ import sqlalchemy as sa
 from bridge.config import JobConfig
 from bridge.identifiers import url_identity
 from bridge.mapping import Mapping
-from bridge.model import CanonicalMessage
+from bridge.model import CanonicalMessage, PlainMessage
 from bridge.targets.base import Skipped, Target
-from bridge.targets.envelope import Outgoing, envelope
+from bridge.targets.envelope import Outgoing, envelope, plain_envelope
 from bridge.targets.nservicebus import TargetTables
 from bridge.targets.writer import TargetWriter
 
@@ -41,6 +41,9 @@ class NServiceBusTarget(Target):
 
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> Outgoing | Skipped:
         return envelope(msg, self.mapping, self.transport, self.job.target, translated, self.identity)
+
+    def plain_envelope(self, msg: PlainMessage, translated: frozenset[str]) -> Outgoing | Skipped | None:
+        return plain_envelope(msg, self.mapping, self.transport, translated)
 
     def ledger_target(self, out: Outgoing) -> str:
         return f"{out.queue}.Delayed" if out.kind == "delayed" else out.queue

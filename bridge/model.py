@@ -98,12 +98,12 @@ class CanonicalMessage(BaseModel):
 
 
 class PlainMessage(NamedTuple):
-    """A message with no due time, expiry, failure or parts, waiting or already processed: the
-    common cases, handed from a source to a target without building a CanonicalMessage (the fast
-    lane, see `Source.plain`). A source makes one only from values it has checked itself;
-    anything unusual stays on the validated path."""
+    """A message waiting, waiting for its due time or already processed, with no expiry, failure
+    or parts: the common cases, handed from a source to a target without building a
+    CanonicalMessage (the fast lane, see `Source.plain`). A source makes one only from values it
+    has checked itself; anything unusual stays on the validated path."""
 
-    state: Literal["ready", "processed"]
+    state: Literal["ready", "delayed", "processed"]
     message_id: uuid.UUID
     system: str
     database: str
@@ -115,5 +115,6 @@ class PlainMessage(NamedTuple):
     enclosed_types: list[str]
     content_type: str | None
     time_sent: datetime  # aware
+    due: datetime | None  # aware; set when delayed
     headers: dict[str, str]
     body: bytes

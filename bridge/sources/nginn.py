@@ -22,7 +22,7 @@ from bridge.timefmt import local_to_utc, utcnow, zone
 
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
 CONSUMABLE = ("I", "R", "F")
-PLAIN_STATES = {"I": "ready", "X": "processed"}  # rows the fast lane takes (see NGinnSource.plain)
+PLAIN_STATES = {"I": "ready", "R": "delayed", "X": "processed"}  # rows the fast lane takes (NGinnSource.plain)
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
 COLUMNS = (
     "id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count",
@@ -227,8 +227,9 @@ class NGinnSource(Source):
         )
 
     def plain(self, row: SourceRow, message_id: uuid.UUID) -> PlainMessage | None:
-        """A waiting ('I') or processed ('X') row as a PlainMessage, with `decode`'s own steps and
-        every check the validated path would make; None for anything else, which `decode` reads."""
+        """A waiting ('I'), retried ('R') or processed ('X') row as a PlainMessage, with `decode`'s
+        own steps and every check the validated path would make; None for anything else (failed
+        rows, rows with a TTL, anything unreadable), which `decode` then reads."""
         v = row.values
         retry_count = v["retry_count"]
         state = PLAIN_STATES.get(v["subqueue"])
@@ -251,6 +252,7 @@ class NGinnSource(Source):
             [legacy_type] if legacy_type else [],
             "application/json",
             local_to_utc(v["insert_time"], self.tz),
+            local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
             _with_columns(headers, v, row.key),
             v["msg_text"].encode("utf-8"),
         )

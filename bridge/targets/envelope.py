@@ -92,12 +92,12 @@ def envelope(
 def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, translated: frozenset[str] = frozenset(),
                    ) -> Outgoing | Skipped | None:
     """`envelope` of a plain message, with the same helpers; None when its rules need the full
-    message (a state not mapped to 'queue' or 'skip', no route, or an echo tag): the generic path
-    then decides, quarantine reasons included."""
+    message (a state not mapped to 'queue', 'delayed' or 'skip', no route, or an echo tag): the
+    generic path then decides, quarantine reasons included."""
     action = getattr(mapping.states, msg.state)
     if action == "skip":
         return Skipped(f"state {msg.state} -> skip")
-    if action != "queue" or ECHO_HEADER in msg.headers:
+    if action not in ("queue", "delayed") or ECHO_HEADER in msg.headers or (action == "delayed" and msg.due is None):
         return None
     types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
     if routed is None:
@@ -105,8 +105,12 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, tr
     mid = str(msg.message_id)
     headers = _common_headers(msg.headers, mapping, tables, translated, mid, "Send", msg.time_sent, msg.correlation_id,
                               None, msg.system, msg.database, msg.queue, msg.key, types, msg.content_type, None, msg.reply_to)
+    if action == "delayed":
+        headers["NServiceBus.DeliverAt"] = to_wire(msg.due)
     if mapping.headers.set:
         _set_headers(headers, mapping, msg.system, msg.database, msg.queue, msg.key, mid, routed, msg.state, types)
+    if action == "delayed":
+        return Outgoing("delayed", routed, headers, msg.body, None, msg.due, msg.message_id)
     return Outgoing("queue", routed, headers, msg.body, None, None, msg.message_id)
 
 

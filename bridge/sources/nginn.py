@@ -23,6 +23,7 @@ from bridge.timefmt import local_to_utc, utcnow, zone
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
 CONSUMABLE = ("I", "R", "F")
 PLAIN_STATES = {"I": "ready", "R": "delayed", "X": "processed"}  # rows the fast lane takes (NGinnSource.plain)
+_TEXT_COLUMNS = ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id")
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
 COLUMNS = (
     "id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count",
@@ -235,6 +236,9 @@ class NGinnSource(Source):
         state = PLAIN_STATES.get(v["subqueue"])
         if (state is None or v["insert_time"] is None or v["retry_time"] is None
                 or type(retry_count) is not int or retry_count < 0 or type(v["msg_text"]) is not str):
+            return None
+        # The model takes only strings in headers and names: a driver's other type goes the validated way.
+        if any(v[c] is not None and type(v[c]) is not str for c in _TEXT_COLUMNS):
             return None
         try:
             headers = codec.parse_headers(v["msg_headers"])

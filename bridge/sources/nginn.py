@@ -197,7 +197,6 @@ class NGinnSource(Source):
             expires = local_to_utc(codec.parse_local_time(headers[codec.HDR_TTL]), self.tz)
             if state in ("ready", "delayed") and expires <= utcnow():
                 state = "expired"  # NGinn drops such a message unprocessed
-        reply = headers.get(codec.HDR_REPLY_TO)
         failure = None
         if state == "failed":
             parsed = codec.parse_exception(v["error_info"])
@@ -210,14 +209,15 @@ class NGinnSource(Source):
                 time_of_failure=local_to_utc(failed_at, self.tz),
                 inner_exception_type=parsed.inner_exception_type,
             )
+        destination, reply_to, correlation_id, enclosed_types, content_type = self._fields(v, headers, legacy_type)
         return self.message(
             row,
             state=state,
-            destination=codec.endpoint_queue(v["to_endpoint"]) or self.queue,
-            reply_to=(codec.endpoint_queue(reply) or reply) if reply else None,
-            correlation_id=v["correlation_id"] or None,
-            enclosed_types=[legacy_type] if legacy_type else [],
-            content_type="application/json",
+            destination=destination,
+            reply_to=reply_to,
+            correlation_id=correlation_id,
+            enclosed_types=enclosed_types,
+            content_type=content_type,
             time_sent=time_sent,
             due=local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
             expires=expires,
@@ -247,19 +247,25 @@ class NGinnSource(Source):
             return None
         if codec.HDR_TTL in headers:
             return None  # it may have expired: `decode` decides
-        reply = headers.get(codec.HDR_REPLY_TO)
         return PlainMessage(
             state, message_id, self.system, self.database, self.queue, str(row.key),
-            codec.endpoint_queue(v["to_endpoint"]) or self.queue,
-            (codec.endpoint_queue(reply) or reply) if reply else None,
-            v["correlation_id"] or None,
-            [legacy_type] if legacy_type else [],
-            "application/json",
+            *self._fields(v, headers, legacy_type),
             local_to_utc(v["insert_time"], self.tz),
             local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
             _with_columns(headers, v, row.key),
             v["msg_text"].encode("utf-8"),
         )
+
+    def _fields(self, v: dict[str, Any], headers: dict[str, str], legacy_type: str | None
+                ) -> tuple[str, str | None, str | None, list[str], str]:
+        """What `decode` and `plain` both make of a row, in PlainMessage's order: destination,
+        reply queue, correlation id, enclosed types, content type. (A tuple: this runs per row.)"""
+        reply = headers.get(codec.HDR_REPLY_TO)
+        return (codec.endpoint_queue(v["to_endpoint"]) or self.queue,
+                (codec.endpoint_queue(reply) or reply) if reply else None,
+                v["correlation_id"] or None,
+                [legacy_type] if legacy_type else [],
+                "application/json")
 
     def subscriptions(self, conn: sa.Connection) -> list[Subscription]:
         return live_subscriptions(conn, self.job.source.schema_, self.tz)

@@ -105,13 +105,12 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, tr
     mid = str(msg.message_id)
     headers = _common_headers(msg.headers, mapping, tables, translated, mid, "Send", msg.time_sent, msg.correlation_id,
                               None, msg.system, msg.database, msg.queue, msg.key, types, msg.content_type, None, msg.reply_to)
-    if action == "delayed":
-        headers["NServiceBus.DeliverAt"] = to_wire(msg.due)
+    due = msg.due if action == "delayed" else None
+    if due is not None:
+        headers["NServiceBus.DeliverAt"] = to_wire(due)
     if mapping.headers.set:
         _set_headers(headers, mapping, msg.system, msg.database, msg.queue, msg.key, mid, routed, msg.state, types)
-    if action == "delayed":
-        return Outgoing("delayed", routed, headers, msg.body, None, msg.due, msg.message_id)
-    return Outgoing("queue", routed, headers, msg.body, None, None, msg.message_id)
+    return Outgoing("queue" if due is None else "delayed", routed, headers, msg.body, None, due, msg.message_id)
 
 
 def _common_headers(legacy: dict[str, str], mapping: Mapping, tables: TargetTables, translated: frozenset[str], mid: str,

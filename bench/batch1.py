@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 import psycopg
-import sqlalchemy as sa
 
 _spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
 assert _spec and _spec.loader
@@ -33,15 +32,9 @@ def main() -> None:
     p.add_argument("--engine", choices=["migrate", "sync"], default="migrate")
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", bench.PG))
     args = p.parse_args()
-    from bridge.sources.nginn import queue_table
 
     url = args.pg
-    print(f"seeding {args.rows:,} NGinn rows ...", flush=True)
-    bench.sql(url, f'DROP SCHEMA IF EXISTS "{bench.SRC}" CASCADE', f'CREATE SCHEMA "{bench.SRC}"')
-    engine = sa.create_engine(url)
-    queue_table(bench.QUEUE, bench.SRC).create(engine)
-    engine.dispose()
-    bench.sql(url, bench.SEED.replace("WHEN g %% 10 < 7 THEN 'I'", "WHEN true THEN 'I'"), n=args.rows)
+    bench.seed_queue(url, args.rows, bench.SEED.replace("WHEN g %% 10 < 7 THEN 'I'", "WHEN true THEN 'I'"))
     with tempfile.TemporaryDirectory(prefix="qbridge-batch1-") as tmp:
         work = Path(tmp)
         (work / "mapping.toml").write_text(bench.MAPPING)

@@ -287,17 +287,21 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
 ENGINES = "abcdef"
 
 
-def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
+def seed_queue(url: str, n: int, seed: str = SEED) -> None:
+    """A fresh NGinn queue table in SRC with `n` rows of `seed` (the other bench scripts use it too)."""
     from bridge.sources.nginn import queue_table
-    import sqlalchemy as sa
 
     print(f"seeding {n:,} NGinn rows ...", flush=True)
     sql(url, f'DROP SCHEMA IF EXISTS "{SRC}" CASCADE', f'CREATE SCHEMA "{SRC}"')
     engine = sa.create_engine(url)
     queue_table(QUEUE, SRC).create(engine)
     engine.dispose()
-    sql(url, SEED, n=n)
+    sql(url, seed, n=n)
     sql(url, f'ANALYZE "{SRC}"."{QUEUE}"')
+
+
+def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
+    seed_queue(url, n)
     moved = n - n // 10  # processed rows are skipped by the mapping
     ready = sum(1 for g in range(1, n + 1) if g % 10 < 7)
     results: dict[str, tuple[float, int, int]] = {}

@@ -17,8 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import sqlalchemy as sa
-
 _spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
 assert _spec and _spec.loader
 bench = importlib.util.module_from_spec(_spec)
@@ -28,20 +26,13 @@ _spec.loader.exec_module(bench)
 def main() -> None:
     from bridge.config import load_config
     from bridge.pipeline.loop import JobRunner
-    from bridge.sources.nginn import queue_table
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--pg", default=bench.PG)
     args = p.parse_args()
     url, n = args.pg, args.rows
-    print(f"seeding {n:,} NGinn rows ...", flush=True)
-    bench.sql(url, f'DROP SCHEMA IF EXISTS "{bench.SRC}" CASCADE', f'CREATE SCHEMA "{bench.SRC}"')
-    engine = sa.create_engine(url)
-    queue_table(bench.QUEUE, bench.SRC).create(engine)
-    engine.dispose()
-    bench.sql(url, bench.SEED, n=n)
-    bench.sql(url, f'ANALYZE "{bench.SRC}"."{bench.QUEUE}"')
+    bench.seed_queue(url, n)
     with tempfile.TemporaryDirectory(prefix="qbridge-unit-") as tmp:
         work = Path(tmp)
         (work / "mapping.toml").write_text(bench.MAPPING)

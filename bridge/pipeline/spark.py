@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bridge import faults
 from bridge.config import Config
 from bridge.errors import BridgeError, MigrationFailed
+from bridge.pipeline import class_archive
 from bridge.pipeline.gaps import Gap
 from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
 from bridge.retry import with_backoff
@@ -177,11 +178,17 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
         raise DriverMissing("Spark needs a Java runtime (17 or later) and finds none; install one "
                             "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
     log4j = Path(__file__).resolve().parent.parent / "spark_conf" / "log4j2.properties"
+    # C1 only: the driver JVM schedules tasks and relays rows, a few per cent of the CPU; the C2
+    # compiler's warm-up cost more (start 3.7 -> 3.0 s, both cores busy meanwhile).
+    java_options = f"-Dlog4j2.configurationFile={log4j.as_uri()} -XX:TieredStopAtLevel=1"
+    if "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None:
+        from pyspark.find_spark_home import _find_spark_home
+
+        _jvm["archive"] = class_archive.plan(Path(_find_spark_home()) / "jars", java_options)
+        java_options = f"{java_options} {_jvm['archive'].options}".strip()
     conf = SparkConf().setAppName(app).setAll([
         ("spark.task.maxFailures", str(TASK_ATTEMPTS)),
-        # C1 only: the driver JVM schedules tasks and relays rows, a few per cent of the CPU; the C2
-        # compiler's warm-up cost more (start 3.7 -> 3.0 s, both cores busy meanwhile).
-        ("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()} -XX:TieredStopAtLevel=1"),
+        ("spark.driver.extraJavaOptions", java_options),
         ("spark.ui.showConsoleProgress", "false"),
         ("spark.python.worker.reuse", "true"),
         ("spark.executorEnv.PYTHONHASHSEED", "0"),
@@ -193,6 +200,33 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
         conf.setMaster(f"local[{m.group(2) or 1},{TASK_ATTEMPTS}]" if m else master)
     _quiet_gateway(conf)
     return SparkContext.getOrCreate(conf=conf)
+
+
+# The driver JVM this process launched, and how it uses the class-data archive.
+_jvm: dict[str, Any] = {}
+
+
+def stop_spark(sc: Any) -> None:
+    """Stops the SparkContext; a JVM that is dumping its class-data archive is also shut down and
+    waited for, so that the archive is complete before it is kept."""
+    sc.stop()
+    archive = _jvm.pop("archive", None)
+    gateway = _jvm.get("gateway")
+    if archive is None or archive.dump is None or gateway is None:
+        return
+    from pyspark import SparkContext
+
+    _jvm.pop("gateway")
+    gateway.shutdown()
+    SparkContext._gateway = SparkContext._jvm = None
+    proc = gateway.proc
+    try:
+        proc.stdin.close()  # the gateway server exits when its stdin closes
+        proc.wait(timeout=180)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.debug("the Spark driver JVM did not exit after its class-data dump: %s", e)
+        return
+    class_archive.keep(archive)
 
 
 # What the JVM says on every start that a user cannot act on (shown at --log-level DEBUG).
@@ -210,6 +244,7 @@ def _quiet_gateway(conf: Any) -> None:
     if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
         return
     gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    _jvm["gateway"] = gateway
 
     def relay(stream: Any) -> None:
         for raw in iter(stream.readline, b""):
@@ -253,12 +288,15 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
     except BaseException:
         launcher.join()
         if "spark" in starting:  # a bad table or an unreachable database: do not leave the JVM up
-            starting["spark"].stop()
+            stop_spark(starting["spark"])
         raise
     launcher.join()
     if "error" in starting:
         raise starting["error"]
     sc = starting["spark"]
+    # Stopping Spark takes about a second: once the units are done it runs alongside the
+    # queues' closing passes, which need only the databases.
+    stopper = threading.Thread(target=stop_spark, args=(sc,), name="qbridge-spark-stop", daemon=True)
     try:
         if cores is None:  # a cluster: plan for the task slots it has
             plans, units = _plan(runners, unit_rows, attempts, max(1, int(sc.defaultParallelism)))
@@ -266,14 +304,19 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
         if sc.uiWebUrl:
             console.print(f"Spark UI: {sc.uiWebUrl}  (master {sc.master})", markup=False, highlight=False)
         planned = time.monotonic() - began
-        totals = _run(config, plans, units, console, sc, attempts)
-        _where_the_time_went(starting.get("ready", planned), planned, time.monotonic() - began, totals, sc)
+        slots = sc.defaultParallelism
+        totals = _run(config, plans, units, console, sc, attempts, units_done=stopper.start)
+        stopper.join()
+        _where_the_time_went(starting.get("ready", planned), planned, time.monotonic() - began, totals, slots)
         return totals
     finally:
-        sc.stop()
+        if stopper.ident is None:
+            stop_spark(sc)
+        else:
+            stopper.join()
 
 
-def _where_the_time_went(jvm: float, planned: float, total: float, totals: list[PassStats], sc: Any) -> None:
+def _where_the_time_went(jvm: float, planned: float, total: float, totals: list[PassStats], slots: int) -> None:
     """One line: JVM start and planning (overlapped), then the units' time split by what the
     tasks did (summed over tasks, so it can exceed the wall time on several slots)."""
     read = sum(t.t_read for t in totals)
@@ -281,7 +324,7 @@ def _where_the_time_went(jvm: float, planned: float, total: float, totals: list[
     write = sum(t.t_write for t in totals)
     log.info("where the time went: %.1fs in all; JVM start %.1fs with checks and planning alongside (ready to run "
              "at %.1fs); then on %s task slots: source reads %.1fs, Python decode+map %.1fs, target writes+commits "
-             "%.1fs (summed over tasks)", total, jvm, planned, sc.defaultParallelism, read, python, write)
+             "%.1fs (summed over tasks)", total, jvm, planned, slots, read, python, write)
 
 
 def _local_cores(master: str | None) -> int | None:
@@ -320,10 +363,11 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, cores:
 
 
 def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console: Console, sc: Any,
-         attempts: int) -> list[PassStats]:
+         attempts: int, units_done: Any = lambda: None) -> list[PassStats]:
     started = time.monotonic()
     results = _execute(config, sc, units, console) if units else []
     spark_seconds = time.monotonic() - started
+    units_done()
     log.info("Spark ran %d units in %.1fs", len(units), spark_seconds)
 
     by_queue: dict[tuple[str, str], list[tuple[PassStats, list[Gap]]]] = {}

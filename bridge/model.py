@@ -6,6 +6,7 @@ import hashlib
 import uuid
 from functools import lru_cache
 from datetime import datetime
+from collections.abc import Sequence
 from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AwareDatetime as PydanticAwareDatetime
@@ -35,6 +36,31 @@ def message_id_for(system: str, database: str, queue: str, key: str) -> uuid.UUI
     # uuid.uuid5, without its keyword handling: this runs once per message (tested equal).
     digest = hashlib.sha1(_NAMESPACE_BYTES + f"{system}/{database}/{queue}/{key}".encode()).digest()
     return uuid.UUID(int=(int.from_bytes(digest[:16], "big") & _VERSION_5) | _VERSION_5_BITS)
+
+
+_UUID_NEW, _SET = object.__new__, object.__setattr__
+_SAFE_UNKNOWN = uuid.SafeUUID.unknown
+
+
+def message_ids(system: str, database: str, queue: str, keys: Sequence[str]) -> tuple[list[uuid.UUID], list[str]]:
+    """`message_id_for` of many keys of one queue, and their text: the queue's prefix is hashed
+    once, and each UUID is made from its number directly (uuid.UUID's checks and its `str` cost
+    more than the hash itself; 2.6 -> 1.5 us a message, tested equal)."""
+    base = hashlib.sha1(_NAMESPACE_BYTES + f"{system}/{database}/{queue}/".encode())
+    from_bytes = int.from_bytes
+    uuids: list[uuid.UUID] = []
+    texts: list[str] = []
+    for key in keys:
+        h = base.copy()
+        h.update(key.encode())
+        number = (from_bytes(h.digest()[:16], "big") & _VERSION_5) | _VERSION_5_BITS
+        u = _UUID_NEW(uuid.UUID)
+        _SET(u, "int", number)
+        _SET(u, "is_safe", _SAFE_UNKNOWN)
+        x = "%032x" % number
+        uuids.append(u)
+        texts.append(f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}")
+    return uuids, texts
 
 
 class SourceRef(BaseModel):

@@ -31,6 +31,38 @@ def local_to_utc(value: datetime, tz: ZoneInfo) -> datetime:
     return value.replace(tzinfo=tz).astimezone(UTC)
 
 
+class LocalClock:
+    """`local_to_utc` for many timestamps of one zone: the UTC offset is remembered per wall-clock
+    minute (a queue's rows mostly share their minutes), so a timestamp costs a subtraction instead
+    of a zone lookup. A minute with a transition inside it, and a fold=1 time, take the zone's
+    own way; the result is always what `local_to_utc` gives (tested across DST changes)."""
+
+    LIMIT = 100_000  # minutes remembered (~2 months of busy minutes; then the zone's own way)
+
+    def __init__(self, tz: ZoneInfo) -> None:
+        self.tz = tz
+        self._offsets: dict[datetime, timedelta | None] = {}
+
+    def to_utc(self, value: datetime) -> datetime:
+        if value.tzinfo is not None or value.fold:
+            return local_to_utc(value, self.tz)
+        minute = value.replace(second=0, microsecond=0)
+        offsets = self._offsets
+        offset = offsets.get(minute, False)
+        if offset is False:
+            first = minute.replace(tzinfo=self.tz).utcoffset()
+            last = (minute + _LAST_IN_MINUTE).replace(tzinfo=self.tz).utcoffset()
+            offset = first if first == last else None
+            if len(offsets) < self.LIMIT:
+                offsets[minute] = offset
+        if offset is None:
+            return local_to_utc(value, self.tz)
+        return (value - offset).replace(tzinfo=UTC)
+
+
+_LAST_IN_MINUTE = timedelta(seconds=59, microseconds=999_999)
+
+
 @overload
 def naive_utc(value: datetime) -> datetime: ...
 @overload

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -75,3 +75,44 @@ def test_message_ids_are_rfc_4122_uuid5() -> None:
     for key in ("1", "ID:abc#5", "zażółć", "x" * 300, "a/b/c"):
         expected = _uuid.uuid5(MESSAGE_ID_NAMESPACE, f"nginn/LegacyDb/MQueue1/{key}")
         assert message_id_for.__wrapped__("nginn", "LegacyDb", "MQueue1", key) == expected
+
+
+def test_batch_message_ids_equal_uuid5_and_behave_as_uuids() -> None:
+    import pickle
+    import uuid as _uuid
+
+    from bridge.model import MESSAGE_ID_NAMESPACE, message_ids
+
+    keys = ["1", "ID:abc#5", "zażółć", "x" * 300, "a/b/c", ""] + [str(n) for n in range(2000)]
+    uuids, texts = message_ids("nginn", "Legacy/Db", "MQueue1", keys)
+    for key, u, text in zip(keys, uuids, texts, strict=True):
+        expected = _uuid.uuid5(MESSAGE_ID_NAMESPACE, f"nginn/Legacy/Db/MQueue1/{key}")
+        assert u == expected and hash(u) == hash(expected) and u.version == 5 and u.variant == _uuid.RFC_4122
+        assert text == str(expected) == str(u) and u.bytes == expected.bytes
+        assert pickle.loads(pickle.dumps(u)) == expected  # they travel between Spark processes
+
+
+@pytest.mark.parametrize(("zone_name", "day"), [
+    ("Europe/Warsaw", "2026-03-29"), ("Europe/Warsaw", "2026-10-25"),  # the spring gap and the autumn fold
+    ("Australia/Lord_Howe", "2026-04-05"), ("Australia/Lord_Howe", "2026-10-04"),  # 30-minute shifts
+    ("America/Sao_Paulo", "2018-11-04"),  # DST that began at midnight
+    ("Africa/Monrovia", "1972-01-07"),  # -0:44:30 -> UTC: a transition inside a minute
+    ("Europe/Amsterdam", "1937-07-01"),  # +0:19:32 -> +0:20
+    ("UTC", "2026-01-01"),
+])
+def test_local_clock_gives_what_local_to_utc_gives(zone_name: str, day: str) -> None:
+    from bridge.timefmt import LocalClock, local_to_utc, zone
+
+    tz = zone(zone_name)
+    clock = LocalClock(tz)
+    start = datetime.fromisoformat(day)
+    step = timedelta(seconds=7, microseconds=12_345)
+    value = start
+    while value < start + timedelta(days=1):
+        got, expected = clock.to_utc(value), local_to_utc(value, tz)
+        assert got == expected and got.tzinfo is expected.tzinfo and got.utcoffset() == timedelta(0), value
+        value += step
+    folded = datetime(2026, 10, 25, 2, 30, fold=1)
+    assert LocalClock(zone("Europe/Warsaw")).to_utc(folded) == local_to_utc(folded, zone("Europe/Warsaw"))
+    aware = datetime(2026, 1, 1, 12, tzinfo=timezone(timedelta(hours=3)))
+    assert clock.to_utc(aware) == datetime(2026, 1, 1, 9, tzinfo=timezone.utc)

@@ -23,7 +23,7 @@ from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for, unique_violation
 from bridge.errors import BadRow, RetryableError
 from bridge.identifiers import url_identity
-from bridge.model import message_id_for
+from bridge.model import message_id_for, message_ids
 from bridge.pipeline.gaps import Gap, expire, fill, holes
 from bridge.retry import with_backoff
 from bridge.sources import Source, SourceRow, Subscription, source_class
@@ -140,8 +140,8 @@ class JobRunner:
 
     def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> tuple[dict[Any, str], dict[str, str]]:
         """(source key -> message id, message id -> outcome for those already in the ledger)."""
-        ids = {k: str(message_id_for(source.system, self.database, source.queue, str(k))) for k in keys}
-        return ids, self.state.known(tconn, list(ids.values()))
+        texts = message_ids(source.system, self.database, source.queue, [str(k) for k in keys])[1]
+        return dict(zip(keys, texts)), self.state.known(tconn, texts)
 
     def check(self) -> None:
         """Both databases answer, source tables look right, checkpoints exist; a clear error if not."""
@@ -389,8 +389,8 @@ class JobRunner:
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
                  known: dict[str, str] | None = None
                  ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
-        uuids = [self.message_id(source, r) for r in rows]
-        ids = [str(u) for u in uuids]
+        keys = [source.ledger_key(r) for r in rows]
+        uuids, ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
             known = self.state.known(tconn, ids)
         lane = self.fast_lane and type(source).plain is not Source.plain and type(self.target).plain_envelope is not Target.plain_envelope
@@ -402,8 +402,7 @@ class JobRunner:
         take_quarantined = lock and source.consumes_quarantined
         now = utcnow()
         oldest = None
-        for row, uid, mid in zip(rows, uuids, ids):
-            key = source.ledger_key(row)
+        for row, key, uid, mid in zip(rows, keys, uuids, ids):
             seen = known.get(mid)
             if seen is not None:
                 stats.already += 1

@@ -18,12 +18,13 @@ from bridge.identifiers import check_fits
 from bridge.model import CanonicalMessage, Failure, PlainMessage
 from bridge.sources import nginn_codec as codec
 from bridge.sources.base import Source, SourceRow, Subscription
-from bridge.timefmt import local_to_utc, utcnow, zone
+from bridge.timefmt import LocalClock, utcnow, zone
 
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
 CONSUMABLE = ("I", "R", "F")
 PLAIN_STATES = {"I": "ready", "R": "delayed", "X": "processed"}  # rows the fast lane takes (NGinnSource.plain)
 _TEXT_COLUMNS = ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id")
+_TEXT_OR_NULL = (str, type(None))
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
 COLUMNS = (
     "id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count",
@@ -82,6 +83,7 @@ class NGinnSource(Source):
             raise SourceSchemaError(str(e)) from None
         self.table = queue_table(self.queue, self.job.source.schema_)
         self.tz = zone(self.job.source.timezone or "UTC")
+        self.clock = LocalClock(self.tz)
 
     # -- reading ---------------------------------------------------------------------------
     def check_schema(self, conn: sa.Connection) -> None:
@@ -191,10 +193,10 @@ class NGinnSource(Source):
         for column in ("insert_time", "retry_time"):
             if v[column] is None:
                 raise BadRow(f"{column} is NULL (the column is NOT NULL in NGinn's schema)")
-        time_sent = local_to_utc(v["insert_time"], self.tz)
+        time_sent = self.clock.to_utc(v["insert_time"])
         expires = None
         if codec.HDR_TTL in headers:
-            expires = local_to_utc(codec.parse_local_time(headers[codec.HDR_TTL]), self.tz)
+            expires = self.clock.to_utc(codec.parse_local_time(headers[codec.HDR_TTL]))
             if state in ("ready", "delayed") and expires <= utcnow():
                 state = "expired"  # NGinn drops such a message unprocessed
         failure = None
@@ -206,7 +208,7 @@ class NGinnSource(Source):
                 message=parsed.message,
                 stack_trace=v["error_info"] or "",
                 failed_queue=self.queue,
-                time_of_failure=local_to_utc(failed_at, self.tz),
+                time_of_failure=self.clock.to_utc(failed_at),
                 inner_exception_type=parsed.inner_exception_type,
             )
         destination, reply_to, correlation_id, enclosed_types, content_type = self._fields(v, headers, legacy_type)
@@ -219,7 +221,7 @@ class NGinnSource(Source):
             enclosed_types=enclosed_types,
             content_type=content_type,
             time_sent=time_sent,
-            due=local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
+            due=self.clock.to_utc(v["retry_time"]) if state == "delayed" else None,
             expires=expires,
             retry_count=int(v["retry_count"] or 0),
             failure=failure,
@@ -238,8 +240,9 @@ class NGinnSource(Source):
                 or type(retry_count) is not int or retry_count < 0 or type(v["msg_text"]) is not str):
             return None
         # The model takes only strings in headers and names: a driver's other type goes the validated way.
-        if any(v[c] is not None and type(v[c]) is not str for c in _TEXT_COLUMNS):
-            return None
+        for column in _TEXT_COLUMNS:
+            if type(v[column]) not in _TEXT_OR_NULL:
+                return None
         try:
             headers = codec.parse_headers(v["msg_headers"])
             legacy_type = codec.body_type(v["msg_text"]) or headers.get(codec.HDR_MSG_TYPE)
@@ -250,8 +253,8 @@ class NGinnSource(Source):
         return PlainMessage(
             state, message_id, self.system, self.database, self.queue, str(row.key),
             *self._fields(v, headers, legacy_type),
-            local_to_utc(v["insert_time"], self.tz),
-            local_to_utc(v["retry_time"], self.tz) if state == "delayed" else None,
+            self.clock.to_utc(v["insert_time"]),
+            self.clock.to_utc(v["retry_time"]) if state == "delayed" else None,
             _with_columns(headers, v, row.key),
             v["msg_text"].encode("utf-8"),
         )

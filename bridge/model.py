@@ -123,14 +123,26 @@ class CanonicalMessage(BaseModel):
     parts: list[Part] = Field(default_factory=list)
 
 
+class FailureInfo(NamedTuple):
+    """`Failure`'s fields, for the fast lane: made only from values checked as `Failure` would."""
+
+    exception_type: str
+    message: str
+    stack_trace: str
+    failed_queue: str
+    time_of_failure: datetime  # aware
+    inner_exception_type: str | None = None
+
+
 class PlainMessage(NamedTuple):
-    """A message waiting, waiting for its due time or already processed, with no expiry, failure
+    """A message waiting, waiting for its due time, failed or already processed, with no expiry
     or parts: the common cases, handed from a source to a target without building a
     CanonicalMessage (the fast lane, see `Source.plain`). A source makes one only from values it
     has checked itself; anything unusual stays on the validated path."""
 
-    state: Literal["ready", "delayed", "processed"]
+    state: Literal["ready", "delayed", "failed", "processed"]
     message_id: uuid.UUID
+    message_id_text: str  # str(message_id), which the loop has made already
     system: str
     database: str
     queue: str
@@ -144,3 +156,4 @@ class PlainMessage(NamedTuple):
     due: datetime | None  # aware; set when delayed
     headers: dict[str, str]
     body: bytes
+    failure: FailureInfo | None = None  # set when failed

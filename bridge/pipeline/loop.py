@@ -409,7 +409,7 @@ class JobRunner:
                 if lock and row.consumable and (seen != "quarantined" or take_quarantined):
                     consume.append(row.key)
                 continue
-            fast = self._plain(source, row, uid, translated) if lane else None
+            fast = self._plain(source, row, uid, mid, translated) if lane else None
             if fast is not None:
                 result, sent = fast
             else:
@@ -436,12 +436,13 @@ class JobRunner:
             stats.lag_seconds = max(0.0, (now - oldest).total_seconds())
         return outs, entries, quarantined, consume
 
-    def _plain(self, source: Source, row: SourceRow, message_id: uuid.UUID, translated: frozenset[str]) -> tuple[Any, Any] | None:
+    def _plain(self, source: Source, row: SourceRow, message_id: uuid.UUID, message_id_text: str, translated: frozenset[str]
+               ) -> tuple[Any, Any] | None:
         """(what the target makes of it, when it was sent) by the fast lane: no CanonicalMessage.
         None when the row is not the common case, or anything at all goes wrong on the way: the
         validated path (`map_row`) then reads it again and says what is wrong."""
         try:
-            msg = source.plain(row, message_id)
+            msg = source.plain(row, message_id, message_id_text)
             if msg is None:
                 return None
             out = self.target.plain_envelope(msg, translated)

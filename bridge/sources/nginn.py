@@ -15,14 +15,14 @@ import sqlalchemy as sa
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.identifiers import check_fits
-from bridge.model import CanonicalMessage, Failure, PlainMessage
+from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.sources import nginn_codec as codec
 from bridge.sources.base import Source, SourceRow, Subscription
 from bridge.timefmt import LocalClock, utcnow, zone
 
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
 CONSUMABLE = ("I", "R", "F")
-PLAIN_STATES = {"I": "ready", "R": "delayed", "X": "processed"}  # rows the fast lane takes (NGinnSource.plain)
+PLAIN_STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}  # rows the fast lane takes (NGinnSource.plain)
 _TEXT_COLUMNS = ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id")
 _TEXT_OR_NULL = (str, type(None))
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
@@ -199,18 +199,7 @@ class NGinnSource(Source):
             expires = self.clock.to_utc(codec.parse_local_time(headers[codec.HDR_TTL]))
             if state in ("ready", "delayed") and expires <= utcnow():
                 state = "expired"  # NGinn drops such a message unprocessed
-        failure = None
-        if state == "failed":
-            parsed = codec.parse_exception(v["error_info"])
-            failed_at = v["last_processed"] or v["retry_time"]
-            failure = Failure(
-                exception_type=parsed.exception_type,
-                message=parsed.message,
-                stack_trace=v["error_info"] or "",
-                failed_queue=self.queue,
-                time_of_failure=self.clock.to_utc(failed_at),
-                inner_exception_type=parsed.inner_exception_type,
-            )
+        failure = self._failure(v, Failure) if state == "failed" else None
         destination, reply_to, correlation_id, enclosed_types, content_type = self._fields(v, headers, legacy_type)
         return self.message(
             row,
@@ -229,10 +218,10 @@ class NGinnSource(Source):
             body=v["msg_text"].encode("utf-8"),
         )
 
-    def plain(self, row: SourceRow, message_id: uuid.UUID) -> PlainMessage | None:
-        """A waiting ('I'), retried ('R') or processed ('X') row as a PlainMessage, with `decode`'s
-        own steps and every check the validated path would make; None for anything else (failed
-        rows, rows with a TTL, anything unreadable), which `decode` then reads."""
+    def plain(self, row: SourceRow, message_id: uuid.UUID, message_id_text: str) -> PlainMessage | None:
+        """A waiting ('I'), retried ('R'), failed ('F') or processed ('X') row as a PlainMessage,
+        with `decode`'s own steps and every check the validated path would make; None for anything
+        else (rows with a TTL, anything unreadable), which `decode` then reads."""
         v = row.values
         retry_count = v["retry_count"]
         state = PLAIN_STATES.get(v["subqueue"])
@@ -250,13 +239,31 @@ class NGinnSource(Source):
             return None
         if codec.HDR_TTL in headers:
             return None  # it may have expired: `decode` decides
+        failure = None
+        if state == "failed":
+            failure = self._failure(v, FailureInfo)
+            if not failure.exception_type or type(failure.stack_trace) is not str:
+                return None  # what `Failure` would refuse
         return PlainMessage(
-            state, message_id, self.system, self.database, self.queue, str(row.key),
+            state, message_id, message_id_text, self.system, self.database, self.queue, str(row.key),
             *self._fields(v, headers, legacy_type),
             self.clock.to_utc(v["insert_time"]),
             self.clock.to_utc(v["retry_time"]) if state == "delayed" else None,
             _with_columns(headers, v, row.key),
             v["msg_text"].encode("utf-8"),
+            failure,
+        )
+
+    def _failure(self, v: dict[str, Any], kind: Any) -> Any:
+        """Why NGinn gave up on a failed row, as `kind` (Failure, or the lane's FailureInfo)."""
+        parsed = codec.parse_exception(v["error_info"])
+        return kind(
+            exception_type=parsed.exception_type,
+            message=parsed.message,
+            stack_trace=v["error_info"] or "",
+            failed_queue=self.queue,
+            time_of_failure=self.clock.to_utc(v["last_processed"] or v["retry_time"]),
+            inner_exception_type=parsed.inner_exception_type,
         )
 
     def _fields(self, v: dict[str, Any], headers: dict[str, str], legacy_type: str | None

@@ -13,7 +13,7 @@ import orjson
 from bridge.config import TargetConfig
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
-from bridge.model import CanonicalMessage, PlainMessage
+from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.targets.base import Skipped
 from bridge.targets.echo import ECHO_HEADER, echo_of
 from bridge.targets.nservicebus import TargetTables
@@ -72,7 +72,7 @@ def envelope(
         headers["NServiceBus.DeliverAt"] = to_wire(msg.due)
     elif action == "error":
         queue = target.error_queue
-        headers.update(_failure_headers(msg, tables, routed))
+        headers.update(_failure_headers(msg.failure, msg.state, src.system, src.database, tables, routed))
         expires = None
     elif action == "audit":
         queue = target.audit_queue
@@ -89,28 +89,33 @@ def envelope(
     return Outgoing(kind, queue, headers, msg.body, expires, due, msg.message_id)
 
 
-def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, translated: frozenset[str] = frozenset(),
-                   ) -> Outgoing | Skipped | None:
+def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, target: TargetConfig,
+                   translated: frozenset[str] = frozenset()) -> Outgoing | Skipped | None:
     """`envelope` of a plain message, with the same helpers; None when its rules need the full
-    message (a state not mapped to 'queue', 'delayed' or 'skip', no route, or an echo tag): the
-    generic path then decides, quarantine reasons included."""
+    message (a state not mapped to 'queue', 'delayed', 'error' or 'skip', 'error' without the
+    legacy failure, no route, or an echo tag): the generic path then decides, quarantine reasons
+    included."""
     action = getattr(mapping.states, msg.state)
     if action == "skip":
         return Skipped(f"state {msg.state} -> skip")
-    if action not in ("queue", "delayed") or ECHO_HEADER in msg.headers or (action == "delayed" and msg.due is None):
+    if (action not in ("queue", "delayed", "error") or ECHO_HEADER in msg.headers
+            or (action == "delayed" and msg.due is None) or (action == "error" and msg.failure is None)):
         return None
     types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
     if routed is None:
         return None
-    mid = str(msg.message_id)
+    mid = msg.message_id_text
     headers = _common_headers(msg.headers, mapping, tables, translated, mid, "Send", msg.time_sent, msg.correlation_id,
                               None, msg.system, msg.database, msg.queue, msg.key, types, msg.content_type, None, msg.reply_to)
-    due = msg.due if action == "delayed" else None
+    queue, due = routed, msg.due if action == "delayed" else None
     if due is not None:
         headers["NServiceBus.DeliverAt"] = to_wire(due)
+    elif action == "error":
+        queue = target.error_queue
+        headers.update(_failure_headers(msg.failure, msg.state, msg.system, msg.database, tables, routed))
     if mapping.headers.set:
         _set_headers(headers, mapping, msg.system, msg.database, msg.queue, msg.key, mid, routed, msg.state, types)
-    return Outgoing("queue" if due is None else "delayed", routed, headers, msg.body, None, due, msg.message_id)
+    return Outgoing("queue" if due is None else "delayed", queue, headers, msg.body, None, due, msg.message_id)
 
 
 def _common_headers(legacy: dict[str, str], mapping: Mapping, tables: TargetTables, translated: frozenset[str], mid: str,
@@ -197,23 +202,25 @@ def _legacy_headers(headers: dict[str, str], mapping: Mapping, translated: froze
     return {target: headers[name] for name, target in plan}
 
 
-def _failure_headers(msg: CanonicalMessage, tables: TargetTables, routed: str) -> dict[str, str]:
-    f = msg.failure
+def _failure_headers(f: Failure | FailureInfo | None, state: str, system: str, database: str, tables: TargetTables,
+                     routed: str) -> dict[str, str]:
+    """What ServiceControl reads of a failed message: where it failed, and why (the legacy
+    failure, or that the message was in a state it could not be delivered in)."""
     h = {
         "NServiceBus.FailedQ": tables.address(routed),
         "NServiceBus.ProcessingEndpoint": routed,
-        "NServiceBus.ProcessingMachine": msg.source.database,
+        "NServiceBus.ProcessingMachine": database,
     }
     if f is None:
         h["NServiceBus.ExceptionInfo.ExceptionType"] = "QBridge.LegacyMessageNotDeliverable"
-        h["NServiceBus.ExceptionInfo.Message"] = f"the legacy message was {msg.state} when qbridge read it"
+        h["NServiceBus.ExceptionInfo.Message"] = f"the legacy message was {state} when qbridge read it"
         h["NServiceBus.ExceptionInfo.StackTrace"] = ""
         h["NServiceBus.TimeOfFailure"] = to_wire(utcnow())
         return h
     h["NServiceBus.ExceptionInfo.ExceptionType"] = f.exception_type
     h["NServiceBus.ExceptionInfo.Message"] = f.message[:MESSAGE_MAX]
     h["NServiceBus.ExceptionInfo.StackTrace"] = f.stack_trace
-    h["NServiceBus.ExceptionInfo.Source"] = f"{msg.source.system}:{f.failed_queue}"
+    h["NServiceBus.ExceptionInfo.Source"] = f"{system}:{f.failed_queue}"
     h["NServiceBus.TimeOfFailure"] = to_wire(f.time_of_failure)
     if f.inner_exception_type:
         h["NServiceBus.ExceptionInfo.InnerExceptionType"] = f.inner_exception_type

@@ -43,7 +43,7 @@ class NServiceBusTarget(Target):
         return envelope(msg, self.mapping, self.transport, self.job.target, translated, self.identity)
 
     def plain_envelope(self, msg: PlainMessage, translated: frozenset[str]) -> Outgoing | Skipped | None:
-        return plain_envelope(msg, self.mapping, self.transport, translated)
+        return plain_envelope(msg, self.mapping, self.transport, self.job.target, translated)
 
     def ledger_target(self, out: Outgoing) -> str:
         return f"{out.queue}.Delayed" if out.kind == "delayed" else out.queue

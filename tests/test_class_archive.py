@@ -54,16 +54,29 @@ def test_an_empty_or_missing_dump_is_not_kept(cache: Path, tmp_path: Path) -> No
     assert not plan.final.exists()
 
 
-def test_a_partial_dump_left_by_a_killed_run_is_removed_once_stale(cache: Path, tmp_path: Path) -> None:
+def test_a_partial_dump_left_by_a_killed_run_and_an_unused_archive_are_removed_once_stale(cache: Path, tmp_path: Path
+                                                                                          ) -> None:
     _java()
     cache.mkdir(parents=True)
     old, fresh = cache / "spark-driver-0.1.partial", cache / "spark-driver-0.2.partial"
-    for f in (old, fresh):
+    unused, recent = cache / "spark-driver-0.jsa", cache / "spark-driver-1.jsa"
+    for f in (old, fresh, unused, recent):
         f.write_bytes(b"x")
-    long_ago = time.time() - class_archive.STALE_SECONDS - 60
-    os.utime(old, (long_ago, long_ago))
+    for f, age in ((old, class_archive.STALE_SECONDS), (unused, class_archive.UNUSED_SECONDS),
+                   (recent, class_archive.STALE_SECONDS)):
+        os.utime(f, (time.time() - age - 60,) * 2)
     class_archive.plan(_jars(tmp_path), "")
-    assert not old.exists() and fresh.exists()
+    assert not old.exists() and fresh.exists() and not unused.exists() and recent.exists()
+
+
+def test_using_an_archive_marks_it_as_used(cache: Path, tmp_path: Path) -> None:
+    _java()
+    made = class_archive.plan(_jars(tmp_path), "")
+    assert made.dump is not None and made.final is not None
+    made.final.write_bytes(b"archive")
+    os.utime(made.final, (time.time() - class_archive.UNUSED_SECONDS + 3600,) * 2)
+    class_archive.plan(_jars(tmp_path), "")
+    assert time.time() - made.final.stat().st_mtime < 600
 
 
 def test_switched_off_or_without_spark_jars_there_is_no_archive(cache: Path, tmp_path: Path,

@@ -28,6 +28,7 @@ log = logging.getLogger("qbridge.migrate")
 # Dump mode prints hundreds of "class not supported by CDS" lines; they say nothing to a user.
 QUIET = "-Xlog:cds*=off"
 STALE_SECONDS = 3600  # a dump left by a killed run (no live run takes that long to exit)
+UNUSED_SECONDS = 30 * 86400  # an archive no start has used for this long (an older Java or Spark)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ def plan(spark_jars: Path, options: str) -> ArchivePlan:
         return ArchivePlan("")
     final = folder / f"spark-driver-{key}.jsa"
     if final.is_file():
+        try:
+            os.utime(final)  # in use: not one to forget
+        except OSError:
+            pass
         return ArchivePlan(f"-XX:SharedArchiveFile={final} {QUIET}")
     dump = folder / f"spark-driver-{key}.{os.getpid()}.partial"
     log.info("first Spark start with this Java and Spark: saving its classes to %s for faster starts later", final)
@@ -112,9 +117,10 @@ def keep(archive: ArchivePlan) -> None:
 
 def _forget_stale(folder: Path) -> None:
     now = time.time()
-    for partial in folder.glob("spark-driver-*.partial"):
-        try:
-            if now - partial.stat().st_mtime > STALE_SECONDS:
-                partial.unlink()
-        except OSError:
-            pass
+    for pattern, age in (("spark-driver-*.partial", STALE_SECONDS), ("spark-driver-*.jsa", UNUSED_SECONDS)):
+        for path in folder.glob(pattern):
+            try:
+                if now - path.stat().st_mtime > age:
+                    path.unlink()
+            except OSError:
+                pass

@@ -181,7 +181,7 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
     # C1 only: the driver JVM schedules tasks and relays rows, a few per cent of the CPU; the C2
     # compiler's warm-up cost more (start 3.7 -> 3.0 s, both cores busy meanwhile).
     java_options = f"-Dlog4j2.configurationFile={log4j.as_uri()} -XX:TieredStopAtLevel=1"
-    if "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None:
+    if _launches_jvm():
         from pyspark.find_spark_home import _find_spark_home
 
         _jvm["archive"] = class_archive.plan(Path(_find_spark_home()) / "jars", java_options)
@@ -204,6 +204,14 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
 
 # The driver JVM this process launched, and how it uses the class-data archive.
 _jvm: dict[str, Any] = {}
+
+
+def _launches_jvm() -> bool:
+    """Whether the next SparkContext starts a driver JVM of its own: not under spark-submit (the
+    JVM is there already) nor while this process's earlier one is still up."""
+    from pyspark import SparkContext
+
+    return "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None
 
 
 def stop_spark(sc: Any) -> None:
@@ -241,7 +249,7 @@ def _quiet_gateway(conf: Any) -> None:
     from pyspark import SparkContext
     from pyspark.java_gateway import launch_gateway
 
-    if "PYSPARK_GATEWAY_PORT" in os.environ or SparkContext._gateway is not None:
+    if not _launches_jvm():
         return
     gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
     _jvm["gateway"] = gateway

@@ -251,3 +251,30 @@ def test_a_missing_legacy_table_stops_migrate_with_a_clear_error(make) -> None:
     r = migrate(b)
     assert r.returncode == 1
     assert "NGinn queue table 'MQueue1' not found" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+STOP_AND_START_AGAIN = """
+import threading
+from pyspark import SparkContext
+from bridge.pipeline.spark import spark_context, stop_spark
+sc = spark_context("local[1]")
+server = sc._accumulatorServer
+stop_spark(sc)
+assert SparkContext._active_spark_context is None and sc._jsc is None
+# PySpark's accumulator server is shut down on a thread of its own, not in the stop
+[closer] = [t for t in threading.enumerate() if t.name == "qbridge-spark-accumulators"]
+closer.join(10)
+assert not closer.is_alive() and server.socket.fileno() == -1, "the old accumulator server is still open"
+# A second context in the same process works, its accumulators included
+sc = spark_context("local[1]")
+acc = sc.accumulator(0)
+sc.parallelize(range(10), 2).foreach(lambda x: acc.add(x))
+assert acc.value == 45, acc.value
+stop_spark(sc)
+print("ok")
+"""
+
+
+def test_spark_stops_without_waiting_for_its_accumulator_server_and_starts_again() -> None:
+    done = subprocess.run([sys.executable, "-c", STOP_AND_START_AGAIN], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -217,6 +217,14 @@ def _launches_jvm() -> bool:
 def stop_spark(sc: Any) -> None:
     """Stops the SparkContext; a JVM that is dumping its class-data archive is also shut down and
     waited for, so that the archive is complete before it is kept."""
+    # PySpark's stop ends with its accumulator server's shutdown, which waits up to a second for
+    # the server's connection handler to notice (it polls once a second). qbridge sends no
+    # accumulator updates: that server is shut down on its own thread, and the stop returns once
+    # the JVM has stopped (~50 ms).
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is not None and callable(getattr(server, "shutdown", None)):
+        sc._accumulatorServer = None
+        threading.Thread(target=server.shutdown, name="qbridge-spark-accumulators", daemon=True).start()
     sc.stop()
     archive = _jvm.pop("archive", None)
     gateway = _jvm.get("gateway")

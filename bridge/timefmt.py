@@ -41,25 +41,31 @@ class LocalClock:
 
     def __init__(self, tz: ZoneInfo) -> None:
         self.tz = tz
-        self._offsets: dict[datetime, timedelta | None] = {}
+        # wall-clock minute number -> the naive instant whose distance from `value` is its UTC
+        # time's distance from the epoch (epoch + UTC offset); None for a minute a transition cuts
+        self._bases: dict[int, datetime | None] = {}
 
     def to_utc(self, value: datetime) -> datetime:
         if value.tzinfo is not None or value.fold:
             return local_to_utc(value, self.tz)
-        minute = value.replace(second=0, microsecond=0)
-        offsets = self._offsets
-        offset = offsets.get(minute, False)
-        if offset is False:
-            first = minute.replace(tzinfo=self.tz).utcoffset()
-            last = (minute + _LAST_IN_MINUTE).replace(tzinfo=self.tz).utcoffset()
-            offset = first if first == last else None
-            if len(offsets) < self.LIMIT:
-                offsets[minute] = offset
-        if offset is None:
+        # Integers and timedelta arithmetic throughout: datetime.replace costs ~0.5 us a call.
+        minute = value.toordinal() * 1440 + value.hour * 60 + value.minute
+        bases = self._bases
+        base = bases.get(minute, False)
+        if base is False:
+            start = datetime(value.year, value.month, value.day, value.hour, value.minute, tzinfo=self.tz)
+            first = start.utcoffset()
+            last = (start + _LAST_IN_MINUTE).utcoffset()
+            base = _NAIVE_EPOCH + first if first is not None and first == last else None
+            if len(bases) < self.LIMIT:
+                bases[minute] = base
+        if base is None:
             return local_to_utc(value, self.tz)
-        return (value - offset).replace(tzinfo=UTC)
+        return _UTC_EPOCH + (value - base)
 
 
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LAST_IN_MINUTE = timedelta(seconds=59, microseconds=999_999)
 
 

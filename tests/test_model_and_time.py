@@ -116,3 +116,12 @@ def test_local_clock_gives_what_local_to_utc_gives(zone_name: str, day: str) -> 
     assert LocalClock(zone("Europe/Warsaw")).to_utc(folded) == local_to_utc(folded, zone("Europe/Warsaw"))
     aware = datetime(2026, 1, 1, 12, tzinfo=timezone(timedelta(hours=3)))
     assert clock.to_utc(aware) == datetime(2026, 1, 1, 9, tzinfo=timezone.utc)
+    # The ends of datetime's range: the same value, or the same error, as the zone's own way.
+    for edge in (datetime.min, datetime.max, datetime.min + timedelta(hours=14), datetime.max - timedelta(hours=14)):
+        try:
+            expected = local_to_utc(edge, tz)
+        except OverflowError:
+            with pytest.raises(OverflowError):
+                LocalClock(tz).to_utc(edge)
+        else:
+            assert LocalClock(tz).to_utc(edge) == expected, edge

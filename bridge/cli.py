@@ -104,8 +104,12 @@ def _label(e: BridgeError) -> str:
 
 
 def _runners(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:
+    from bridge.pipeline import gc_policy
+
     config = load_config(args.config)
-    return config, [JobRunner(config, job) for job in config.select(getattr(args, "job", None))]
+    runners = [JobRunner(config, job) for job in config.select(getattr(args, "job", None))]
+    gc_policy.for_batches()
+    return config, runners
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bridge import faults
 from bridge.config import Config
 from bridge.errors import BridgeError, MigrationFailed
-from bridge.pipeline import class_archive
+from bridge.pipeline import class_archive, gc_policy
 from bridge.pipeline.gaps import Gap
 from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
 from bridge.retry import with_backoff
@@ -146,6 +146,7 @@ def run_unit(config: Config, unit: WorkUnit) -> tuple[int, PassStats, list[Gap]]
     runner = _RUNNERS.get(unit.job)
     if runner is None:
         runner = _RUNNERS[unit.job] = JobRunner(config, config.job(unit.job))
+        gc_policy.for_batches()
     try:
         if unit.sliced:
             result: RangeResult = runner.run_slice(unit.queue, unit.after, unit.upto)

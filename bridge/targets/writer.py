@@ -20,7 +20,8 @@ from bridge.timefmt import naive_utc
 
 def headers_json(headers: dict[str, str]) -> str:
     """The flat JSON object the transports write; `/` escaped as DataContractJsonSerializer does."""
-    return orjson.dumps(headers).decode("utf-8").replace("/", "\\/")
+    # Escaped in the bytes: replacing in the decoded text costs twice as much.
+    return orjson.dumps(headers).replace(b"/", b"\\/").decode("utf-8")
 
 
 class TargetWriter:

@@ -125,3 +125,22 @@ def test_local_clock_gives_what_local_to_utc_gives(zone_name: str, day: str) -> 
                 LocalClock(tz).to_utc(edge)
         else:
             assert LocalClock(tz).to_utc(edge) == expected, edge
+
+
+def test_row_ids_are_fresh_time_ordered_uuid7s() -> None:
+    import time
+
+    from bridge.model import row_ids
+
+    before = time.time_ns() // 1_000_000
+    first, second = row_ids(3000), row_ids(3000)
+    after = time.time_ns() // 1_000_000
+    for ids in (first, second):
+        assert ids == sorted(ids)  # growing within a call
+        assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+        assert all(before <= i.int >> 80 <= after for i in ids)  # 48 bits of Unix milliseconds
+        assert all(uuid.UUID(str(i)) == i and hash(i) == hash(uuid.UUID(int=i.int)) for i in ids[:10])
+    assert len(set(first) | set(second)) == 6000  # two calls in the same millisecond still differ
+    assert row_ids(0) == []
+    many = row_ids((1 << 20) + 3)  # more than the counter's 20 bits: a second random base
+    assert len(set(many)) == len(many) and all(i.version == 7 for i in many[-5:])

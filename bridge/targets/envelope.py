@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal, NamedTuple
@@ -31,9 +30,6 @@ class Outgoing(NamedTuple):
     body: bytes | None
     expires: datetime | None = None
     due: datetime | None = None
-    # The transport's own senders give each row a fresh Guid; qbridge gives it the message id
-    # (unique per delivery, which the ledger makes single), sparing a random number per row.
-    row_id: uuid.UUID | None = None
 
 
 def envelope(
@@ -86,7 +82,7 @@ def envelope(
         headers.update(part_headers(msg))
     if mapping.headers.set:
         _set_headers(headers, mapping, src.system, src.database, src.queue, src.key, mid, routed, msg.state, types)
-    return Outgoing(kind, queue, headers, msg.body, expires, due, msg.message_id)
+    return Outgoing(kind, queue, headers, msg.body, expires, due)
 
 
 def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, target: TargetConfig,
@@ -115,7 +111,7 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
         headers.update(_failure_headers(msg.failure, msg.state, msg.system, msg.database, tables, routed))
     if mapping.headers.set:
         _set_headers(headers, mapping, msg.system, msg.database, msg.queue, msg.key, mid, routed, msg.state, types)
-    return Outgoing("queue" if due is None else "delayed", queue, headers, msg.body, None, due, msg.message_id)
+    return Outgoing("queue" if due is None else "delayed", queue, headers, msg.body, None, due)
 
 
 def _common_headers(legacy: dict[str, str], mapping: Mapping, tables: TargetTables, translated: frozenset[str], mid: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -11,6 +10,7 @@ import orjson
 import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
+from bridge.model import row_ids
 from bridge.sources.base import Subscription
 from bridge.targets.bulk import insert_values
 from bridge.targets.envelope import Outgoing
@@ -55,15 +55,17 @@ class TargetWriter:
 
     def _rows(self, kind: str, outs: list[Outgoing], have: set[str]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
         """The column names and the rows of one transport table, as the flavor's transport writes them."""
+        # A fresh id per row, as the transports' own senders give (row_ids: growing, which keeps
+        # the PostgreSQL queue table's primary key cheap to insert into).
         if self.tables.flavor == "postgresql":
             if kind == "delayed":
                 return ("id", "headers", "body", "due"), [
-                    (o.row_id or uuid.uuid4(), headers_json(o.headers), o.body, o.due) for o in outs]
+                    (i, headers_json(o.headers), o.body, o.due) for i, o in zip(row_ids(len(outs)), outs)]
             return ("id", "expires", "headers", "body"), [
-                (o.row_id or uuid.uuid4(), naive_utc(o.expires), headers_json(o.headers), o.body) for o in outs]
+                (i, naive_utc(o.expires), headers_json(o.headers), o.body) for i, o in zip(row_ids(len(outs)), outs)]
         if kind == "delayed":
             return ("Headers", "Body", "Due"), [(headers_json(o.headers), o.body, naive_utc(o.due)) for o in outs]
-        rows = [(o.row_id or uuid.uuid4(), naive_utc(o.expires), headers_json(o.headers), o.body) for o in outs]
+        rows = [(i, naive_utc(o.expires), headers_json(o.headers), o.body) for i, o in zip(row_ids(len(outs)), outs)]
         # Tables created by transport 7+ still have Recoverable (NOT NULL, no default); older
         # hand-made ones may not, and the transport itself checks before inserting.
         if "Recoverable" in have:

@@ -278,3 +278,40 @@ print("ok")
 def test_spark_stops_without_waiting_for_its_accumulator_server_and_starts_again() -> None:
     done = subprocess.run([sys.executable, "-c", STOP_AND_START_AGAIN], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+WORKER_IMPORTS = """
+from bridge.pipeline.spark import spark_context, stop_spark
+sc = spark_context("local[2]")
+def where(_):
+    import pyspark, py4j
+    return pyspark.__file__, py4j.__file__
+print(sorted(set(sc.parallelize(range(2), 2).map(where).collect())))
+stop_spark(sc)
+"""
+
+
+def test_spark_workers_import_the_installed_pyspark_not_its_zip() -> None:
+    import py4j
+    import pyspark
+
+    done = subprocess.run([sys.executable, "-c", WORKER_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"('{pyspark.__file__}', '{py4j.__file__}')" in done.stdout, done.stdout
+
+
+def test_pyspark_zips_move_behind_the_installed_package_only_when_they_are_its_own(tmp_path: Path) -> None:
+    import pyspark
+
+    from bridge.pipeline.spark_daemon import installed_pyspark_first
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    own = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    site = str(Path(pyspark.__file__).parent.parent)
+    assert installed_pyspark_first([*own, "/somewhere", site]) == ["/somewhere", site, *own]
+    # A Spark installation of its own (a cluster's SPARK_HOME) keeps its zips first.
+    cluster = [str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip"), *own[1:]]
+    assert installed_pyspark_first([*cluster, site]) == [*cluster, site]
+    # No installed pyspark on the rest of the path: nothing to prefer.
+    assert installed_pyspark_first([*own, str(tmp_path)]) == [*own, str(tmp_path)]
+    assert installed_pyspark_first([site]) == [site]

@@ -192,6 +192,7 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
         ("spark.driver.extraJavaOptions", java_options),
         ("spark.ui.showConsoleProgress", "false"),
         ("spark.python.worker.reuse", "true"),
+        ("spark.python.daemon.module", "bridge.pipeline.spark_daemon"),
         ("spark.executorEnv.PYTHONHASHSEED", "0"),
         *((f"spark.executorEnv.{n}", v) for n, v in os.environ.items() if n.startswith("QBRIDGE_FAULT")),
     ])

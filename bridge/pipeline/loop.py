@@ -140,7 +140,7 @@ class JobRunner:
 
     def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> tuple[dict[Any, str], dict[str, str]]:
         """(source key -> message id, message id -> outcome for those already in the ledger)."""
-        texts = message_ids(source.system, self.database, source.queue, [str(k) for k in keys])[1]
+        texts = message_ids(source.system, self.database, source.queue, [str(k) for k in keys])
         return dict(zip(keys, texts)), self.state.known(tconn, texts)
 
     def check(self) -> None:
@@ -390,7 +390,7 @@ class JobRunner:
                  known: dict[str, str] | None = None
                  ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
         keys = [source.ledger_key(r) for r in rows]
-        uuids, ids = message_ids(source.system, self.database, source.queue, keys)
+        ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
             known = self.state.known(tconn, ids)
         lane = self.fast_lane and type(source).plain is not Source.plain and type(self.target).plain_envelope is not Target.plain_envelope
@@ -402,32 +402,32 @@ class JobRunner:
         take_quarantined = lock and source.consumes_quarantined
         now = utcnow()
         oldest = None
-        for row, key, uid, mid in zip(rows, keys, uuids, ids):
+        for row, key, mid in zip(rows, keys, ids):
             seen = known.get(mid)
             if seen is not None:
                 stats.already += 1
                 if lock and row.consumable and (seen != "quarantined" or take_quarantined):
                     consume.append(row.key)
                 continue
-            fast = self._plain(source, row, uid, mid, translated) if lane else None
+            fast = self._plain(source, row, mid, translated) if lane else None
             if fast is not None:
                 result, sent = fast
             else:
                 msg, result, reason = self.map_row(source, row, translated)
                 if result is None:
                     quarantined.append(Quarantined(mid, key, reason, source.raw(row)))
-                    entries.append(LedgerEntry(mid, key, "quarantined", reason=reason))
+                    entries.append(LedgerEntry(mid, key, "quarantined", None, reason))
                     stats.quarantined += 1
                     if take_quarantined and row.consumable:
                         consume.append(row.key)
                     continue
                 sent = msg.time_sent
             if isinstance(result, Skipped):
-                entries.append(LedgerEntry(mid, key, "skipped", reason=result.reason))
+                entries.append(LedgerEntry(mid, key, "skipped", None, result.reason))
                 stats.skipped += 1
             else:
                 outs.append(result)
-                entries.append(LedgerEntry(mid, key, "delivered", target=self.target.ledger_target(result)))
+                entries.append(LedgerEntry(mid, key, "delivered", self.target.ledger_target(result)))
                 stats.delivered += 1
                 oldest = sent if oldest is None else min(oldest, sent)
             if lock and row.consumable:
@@ -436,13 +436,13 @@ class JobRunner:
             stats.lag_seconds = max(0.0, (now - oldest).total_seconds())
         return outs, entries, quarantined, consume
 
-    def _plain(self, source: Source, row: SourceRow, message_id: uuid.UUID, message_id_text: str, translated: frozenset[str]
+    def _plain(self, source: Source, row: SourceRow, message_id: str, translated: frozenset[str]
                ) -> tuple[Any, Any] | None:
         """(what the target makes of it, when it was sent) by the fast lane: no CanonicalMessage.
         None when the row is not the common case, or anything at all goes wrong on the way: the
         validated path (`map_row`) then reads it again and says what is wrong."""
         try:
-            msg = source.plain(row, message_id, message_id_text)
+            msg = source.plain(row, message_id)
             if msg is None:
                 return None
             out = self.target.plain_envelope(msg, translated)

@@ -85,7 +85,7 @@ class Source:
         """The canonical message of `row`; raises BadRow with the reason when it cannot be read."""
         raise NotImplementedError
 
-    def plain(self, row: SourceRow, message_id: Any, message_id_text: str) -> PlainMessage | None:
+    def plain(self, row: SourceRow, message_id: str) -> PlainMessage | None:
         """The fast lane: `row` as a PlainMessage when it is the common case and every check
         `decode` plus the model would make passes; None sends it through `decode` (the default)."""
         return None

@@ -6,7 +6,6 @@ Facts: reference/legacy-sources.md §1. The table is named like the queue (`sql:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -113,7 +112,7 @@ class NGinnSource(Source):
         out = []
         for row in result.fetchall():
             values = dict(zip(names, row))
-            out.append(SourceRow(key=int(values["id"]), consumable=values["subqueue"] in CONSUMABLE, values=values))
+            out.append(SourceRow(int(values["id"]), values["subqueue"] in CONSUMABLE, values))
         return out
 
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
@@ -218,7 +217,7 @@ class NGinnSource(Source):
             body=v["msg_text"].encode("utf-8"),
         )
 
-    def plain(self, row: SourceRow, message_id: uuid.UUID, message_id_text: str) -> PlainMessage | None:
+    def plain(self, row: SourceRow, message_id: str) -> PlainMessage | None:
         """A waiting ('I'), retried ('R'), failed ('F') or processed ('X') row as a PlainMessage,
         with `decode`'s own steps and every check the validated path would make; None for anything
         else (rows with a TTL, anything unreadable), which `decode` then reads."""
@@ -245,7 +244,7 @@ class NGinnSource(Source):
             if not failure.exception_type or type(failure.stack_trace) is not str:
                 return None  # what `Failure` would refuse
         return PlainMessage(
-            state, message_id, message_id_text, self.system, self.database, self.queue, str(row.key),
+            state, message_id, self.system, self.database, self.queue, str(row.key),
             *self._fields(v, headers, legacy_type),
             self.clock.to_utc(v["insert_time"]),
             self.clock.to_utc(v["retry_time"]) if state == "delayed" else None,

@@ -100,7 +100,7 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
     types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
     if routed is None:
         return None
-    mid = msg.message_id_text
+    mid = msg.message_id
     headers = _common_headers(msg.headers, mapping, tables, translated, mid, "Send", msg.time_sent, msg.correlation_id,
                               None, msg.system, msg.database, msg.queue, msg.key, types, msg.content_type, None, msg.reply_to)
     queue, due = routed, msg.due if action == "delayed" else None

@@ -1,0 +1,87 @@
+"""What the ledger's layout costs PostgreSQL, for a decision the ledger schema needs: the same
+ledger entries (qbridge's message ids, random order) COPYed in batches into the ledger as
+`state_tables` defines it and into three variants, alternating batch by batch:
+  as is           varchar(36) primary key, index (job, queue, outcome)
+  no job index    the same without the (job, queue, outcome) index
+  uuid key        message_id as uuid, with the index
+  uuid, no index  both
+
+    python3 bench/ledger_layout.py              # 1M entries in batches of 2,000
+
+Prints each variant's database time and its ratio to the ledger as it is. A probe (the ledger is
+kept as it is until that decision), not a goal benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+import sqlalchemy as sa
+
+from bridge.model import message_ids
+from bridge.state import LEDGER_COLUMNS, state_tables
+
+_spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
+assert _spec and _spec.loader
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+SCHEMA = "qbench_ledger"
+VARIANTS = {"as is": ("varchar(36)", True), "no job index": ("varchar(36)", False),
+            "uuid key": ("uuid", True), "uuid, no index": ("uuid", False)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--batch", type=int, default=2000)
+    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", bench.PG))
+    args = p.parse_args()
+    bench.sql(args.pg, f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE', f'CREATE SCHEMA "{SCHEMA}"')
+    engine = sa.create_engine(args.pg)
+    with engine.begin() as conn:
+        state_tables(SCHEMA)["ledger"].create(conn)  # "as is": exactly qbridge's DDL
+    engine.dispose()
+    names = {v: f"ledger_{i}" for i, v in enumerate(VARIANTS)}
+    names["as is"] = "qbridge_ledger"
+    with psycopg.connect(bench.libpq(args.pg), autocommit=True) as conn:
+        for variant, (key_type, indexed) in VARIANTS.items():
+            if variant == "as is":
+                continue
+            t = names[variant]
+            conn.execute(f'CREATE TABLE "{SCHEMA}"."{t}" (message_id {key_type} PRIMARY KEY, job varchar(128) NOT NULL, '
+                         'queue varchar(128) NOT NULL, source_key varchar(200) NOT NULL, outcome varchar(12) NOT NULL, '
+                         'target varchar(260), reason varchar(500), at timestamp NOT NULL)')
+            if indexed:
+                conn.execute(f'CREATE INDEX ON "{SCHEMA}"."{t}" (job, queue, outcome)')
+        conn.execute("CHECKPOINT")
+        spent = dict.fromkeys(VARIANTS, 0.0)
+        at = datetime(2026, 1, 1)
+        for start in range(0, args.rows, args.batch):
+            keys = [str(k) for k in range(start, min(args.rows, start + args.batch))]
+            ids = message_ids("nginn", "LegacyDb", "MQueue1", keys)
+            for variant, (key_type, _) in VARIANTS.items():
+                mids = [uuid.UUID(m) for m in ids] if key_type == "uuid" else ids
+                began = time.perf_counter()
+                with conn.transaction(), conn.cursor() as cur, \
+                        cur.copy(f'COPY "{SCHEMA}"."{names[variant]}" ({", ".join(LEDGER_COLUMNS)}) FROM STDIN (FORMAT BINARY)') as copy:
+                    copy.set_types([key_type.split("(")[0].replace("varchar", "text"), "text", "text", "text", "text", "text",
+                                    "text", "timestamp"])
+                    for m, k in zip(mids, keys):
+                        copy.write_row((m, "bench", "MQueue1", k, "delivered", "Orders", None, at))
+                spent[variant] += time.perf_counter() - began
+        conn.execute(f'DROP SCHEMA "{SCHEMA}" CASCADE')
+    for variant in VARIANTS:
+        print(f"  {variant:15} {spent[variant]:6.1f} s  {args.rows / spent[variant]:9,.0f} entries/s  "
+              f"{spent[variant] / spent['as is']:.2f} of the ledger as it is")
+
+
+if __name__ == "__main__":
+    main()

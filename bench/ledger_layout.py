@@ -14,13 +14,8 @@ kept as it is until that decision), not a goal benchmark.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import os
-import time
 import uuid
 from datetime import datetime
-from pathlib import Path
 
 import psycopg
 import sqlalchemy as sa
@@ -28,10 +23,7 @@ import sqlalchemy as sa
 from bridge.model import message_ids
 from bridge.state import LEDGER_COLUMNS, state_tables
 
-_spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
-assert _spec and _spec.loader
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from copy_probe import libpq, probe_args, timed_copy  # bench/ is the script's own directory
 
 SCHEMA = "qbench_ledger"
 VARIANTS = {"as is": ("varchar(36)", True), "no job index": ("varchar(36)", False),
@@ -39,19 +31,16 @@ VARIANTS = {"as is": ("varchar(36)", True), "no job index": ("varchar(36)", Fals
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--batch", type=int, default=2000)
-    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", bench.PG))
-    args = p.parse_args()
-    bench.sql(args.pg, f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE', f'CREATE SCHEMA "{SCHEMA}"')
+    args = probe_args(__doc__)
     engine = sa.create_engine(args.pg)
     with engine.begin() as conn:
+        conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
+        conn.execute(sa.text(f'CREATE SCHEMA "{SCHEMA}"'))
         state_tables(SCHEMA)["ledger"].create(conn)  # "as is": exactly qbridge's DDL
     engine.dispose()
     names = {v: f"ledger_{i}" for i, v in enumerate(VARIANTS)}
     names["as is"] = "qbridge_ledger"
-    with psycopg.connect(bench.libpq(args.pg), autocommit=True) as conn:
+    with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
         for variant, (key_type, indexed) in VARIANTS.items():
             if variant == "as is":
                 continue
@@ -69,14 +58,10 @@ def main() -> None:
             ids = message_ids("nginn", "LegacyDb", "MQueue1", keys)
             for variant, (key_type, _) in VARIANTS.items():
                 mids = [uuid.UUID(m) for m in ids] if key_type == "uuid" else ids
-                began = time.perf_counter()
-                with conn.transaction(), conn.cursor() as cur, \
-                        cur.copy(f'COPY "{SCHEMA}"."{names[variant]}" ({", ".join(LEDGER_COLUMNS)}) FROM STDIN (FORMAT BINARY)') as copy:
-                    copy.set_types([key_type.split("(")[0].replace("varchar", "text"), "text", "text", "text", "text", "text",
-                                    "text", "timestamp"])
-                    for m, k in zip(mids, keys):
-                        copy.write_row((m, "bench", "MQueue1", k, "delivered", "Orders", None, at))
-                spent[variant] += time.perf_counter() - began
+                key = key_type.split("(")[0].replace("varchar", "text")
+                spent[variant] += timed_copy(conn, f'"{SCHEMA}"."{names[variant]}"', LEDGER_COLUMNS,
+                                             (key, "text", "text", "text", "text", "text", "text", "timestamp"),
+                                             ((m, "bench", "MQueue1", k, "delivered", "Orders", None, at) for m, k in zip(mids, keys)))
         conn.execute(f'DROP SCHEMA "{SCHEMA}" CASCADE')
     for variant in VARIANTS:
         print(f"  {variant:15} {spent[variant]:6.1f} s  {args.rows / spent[variant]:9,.0f} entries/s  "

@@ -12,21 +12,13 @@ queue row gets), not a goal benchmark.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import os
-import time
 import uuid
-from pathlib import Path
 
 import psycopg
 
 from bridge.model import message_ids, row_ids
 
-_spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
-assert _spec and _spec.loader
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from copy_probe import libpq, probe_args, timed_copy  # bench/ is the script's own directory
 
 SCHEMA = "qbench_ids"
 HEADERS = '{"NServiceBus.MessageId":"x","NServiceBus.EnclosedMessageTypes":"Shop.Messages.OrderPlaced"}' + " " * 700
@@ -34,13 +26,9 @@ BODY = b'{"$type":"Shop.Messages.OrderPlaced, Shop.Messages","OrderId":1}' + b" 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--batch", type=int, default=2000)
-    p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", bench.PG))
-    args = p.parse_args()
+    args = probe_args(__doc__)
     tables = {"hashed": "random", "row_ids": "growing"}
-    with psycopg.connect(bench.libpq(args.pg), autocommit=True) as conn:
+    with psycopg.connect(libpq(args.pg), autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
         conn.execute(f'CREATE SCHEMA "{SCHEMA}"')
         for t in tables:
@@ -53,13 +41,8 @@ def main() -> None:
             keys = [str(k) for k in range(start, start + n)]
             ids = {"hashed": [uuid.UUID(t) for t in message_ids("nginn", "LegacyDb", "MQueue1", keys)], "row_ids": row_ids(n)}
             for t in tables:
-                began = time.perf_counter()
-                with conn.transaction(), conn.cursor() as cur, \
-                        cur.copy(f'COPY "{SCHEMA}"."{t}" (id, headers, body) FROM STDIN (FORMAT BINARY)') as copy:
-                    copy.set_types(["uuid", "text", "bytea"])
-                    for i in ids[t]:
-                        copy.write_row((i, HEADERS, BODY))
-                spent[t] += time.perf_counter() - began
+                spent[t] += timed_copy(conn, f'"{SCHEMA}"."{t}"', ("id", "headers", "body"), ("uuid", "text", "bytea"),
+                                       ((i, HEADERS, BODY) for i in ids[t]))
         conn.execute(f'DROP SCHEMA "{SCHEMA}" CASCADE')
     for t, order in tables.items():
         print(f"  {t:8} ({order} ids)  {spent[t]:6.1f} s  {args.rows / spent[t]:9,.0f} rows/s")

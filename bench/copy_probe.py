@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-PG = "postgresql+psycopg://127.0.0.1/test"
+from migrate import PG, libpq  # noqa: F401  (bench/migrate.py's, re-exported for the probes)
 
 
 def probe_args(doc: str | None) -> argparse.Namespace:
@@ -20,10 +20,6 @@ def probe_args(doc: str | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=2000)
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
     return p.parse_args()
-
-
-def libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
 
 
 def timed_copy(conn: psycopg.Connection, table: str, columns: Sequence[str], types: Sequence[str],

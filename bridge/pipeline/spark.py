@@ -312,8 +312,8 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
     if "error" in starting:
         raise starting["error"]
     sc = starting["spark"]
-    # Stopping Spark takes about a second: once the units are done it runs alongside the
-    # queues' closing passes, which need only the databases.
+    # Once the units are done, Spark stops alongside the queues' closing passes, which need only
+    # the databases (a stop takes ~50 ms, but seconds when the JVM dumps its class-data archive).
     stopper = threading.Thread(target=stop_spark, args=(sc,), name="qbridge-spark-stop", daemon=True)
     try:
         if cores is None:  # a cluster: plan for the task slots it has

@@ -55,17 +55,17 @@ class TargetWriter:
 
     def _rows(self, kind: str, outs: list[Outgoing], have: set[str]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
         """The column names and the rows of one transport table, as the flavor's transport writes them."""
+        postgresql = self.tables.flavor == "postgresql"
+        if kind == "delayed" and not postgresql:  # SQL Server's delayed table numbers its rows itself
+            return ("Headers", "Body", "Due"), [(headers_json(o.headers), o.body, naive_utc(o.due)) for o in outs]
         # A fresh id per row, as the transports' own senders give (row_ids: growing, which keeps
         # the PostgreSQL queue table's primary key cheap to insert into).
-        if self.tables.flavor == "postgresql":
-            if kind == "delayed":
-                return ("id", "headers", "body", "due"), [
-                    (i, headers_json(o.headers), o.body, o.due) for i, o in zip(row_ids(len(outs)), outs)]
-            return ("id", "expires", "headers", "body"), [
-                (i, naive_utc(o.expires), headers_json(o.headers), o.body) for i, o in zip(row_ids(len(outs)), outs)]
-        if kind == "delayed":
-            return ("Headers", "Body", "Due"), [(headers_json(o.headers), o.body, naive_utc(o.due)) for o in outs]
-        rows = [(i, naive_utc(o.expires), headers_json(o.headers), o.body) for i, o in zip(row_ids(len(outs)), outs)]
+        ids = row_ids(len(outs))
+        if postgresql and kind == "delayed":
+            return ("id", "headers", "body", "due"), [(i, headers_json(o.headers), o.body, o.due) for i, o in zip(ids, outs)]
+        rows = [(i, naive_utc(o.expires), headers_json(o.headers), o.body) for i, o in zip(ids, outs)]
+        if postgresql:
+            return ("id", "expires", "headers", "body"), rows
         # Tables created by transport 7+ still have Recoverable (NOT NULL, no default); older
         # hand-made ones may not, and the transport itself checks before inserting.
         if "Recoverable" in have:

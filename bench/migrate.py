@@ -3,6 +3,7 @@ bulk path and dlt, on the same seeded NGinn rows in one run.
 
     python3 bench/migrate.py                        # N = 500k and 1M, every engine
     python3 bench/migrate.py --rows 5000000 --engines ad
+    python3 bench/migrate.py --repeat 3             # medians of 3 rounds, each engine in turn
     pip install -e '.[bench]'                       # dlt, for (e)
 
 Per N it seeds an NGinn queue table on the local PostgreSQL (70% ready, 10% delayed, 10%
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -310,8 +312,24 @@ def seed_queue(url: str, n: int, seed: str = SEED) -> None:
     sql(url, f'ANALYZE "{SRC}"."{QUEUE}"')
 
 
-def run_size(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
+def run_size(url: str, n: int, work: Path, engines: str, repeat: int = 1) -> dict[str, tuple[float, int, int]]:
+    """Each engine's (median seconds, highest peak RSS, rows) over `repeat` rounds; a round runs
+    every engine once, so that a machine's drift falls on all of them alike."""
     seed_queue(url, n)
+    runs: dict[str, list[tuple[float, int, int]]] = {}
+    for round_ in range(1, repeat + 1):
+        if repeat > 1:
+            print(f"  round {round_} of {repeat}", flush=True)
+        for name, got in _round(url, n, work, engines).items():
+            runs.setdefault(name, []).append(got)
+    results = {name: (statistics.median(r[0] for r in rs), max(r[1] for r in rs), rs[0][2]) for name, rs in runs.items()}
+    if repeat > 1:
+        print("  spread over the rounds (fastest .. slowest, s): " + ", ".join(
+            f"({k}) {min(r[0] for r in rs):.1f}..{max(r[0] for r in rs):.1f}" for k, rs in runs.items()), flush=True)
+    return results
+
+
+def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
     moved = n - n // 10  # processed rows are skipped by the mapping
     ready = sum(1 for g in range(1, n + 1) if g % 10 < 7)
     results: dict[str, tuple[float, int, int]] = {}
@@ -397,6 +415,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[500_000, 1_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
     p.add_argument("--engines", default="adfce", help="which of a, b, c, d, e, f to run (default a, c, d, e, f)")
+    p.add_argument("--repeat", type=int, default=1, metavar="R",
+                   help="run every engine R times per N, alternating, and report medians (for a noisy machine)")
     p.add_argument("--floor", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--plain", metavar="URL", help=argparse.SUPPRESS)
@@ -411,7 +431,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qbridge-bench-") as tmp:
         work = Path(tmp)
         (work / "mapping.toml").write_text(MAPPING)
-        table = {n: run_size(args.pg, n, work, args.engines) for n in args.rows}
+        table = {n: run_size(args.pg, n, work, args.engines, max(1, args.repeat)) for n in args.rows}
     summary(table)
     sql(args.pg, *(f'DROP SCHEMA IF EXISTS "{s}" CASCADE' for s in (SRC, TGT, REF, DLT)))
 

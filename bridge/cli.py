@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--master", help="Spark master URL: local[*] (the default: one task slot more than the cores, as "
                    "tasks wait on the databases), local[N], spark://host:7077, ... Under spark-submit, the master "
                    "spark-submit was given")
-    m.add_argument("--unit-rows", type=int, metavar="N", help="rows per Spark task (default: a few tasks per core, at most 50,000 rows each)")
+    m.add_argument("--unit-rows", type=int, metavar="N", help="rows per Spark task (default: a few tasks per task slot, at most 50,000 rows each)")
     m.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
     s = cmd("sync", "one incremental pass over every queue of the job(s)")
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")

@@ -42,7 +42,7 @@ def main() -> None:
         cfg = work / f"{bench.TGT}.toml"
         cfg.write_text(cfg.read_text().replace("batch_size = 2000", "batch_size = 1"))
         cmd = [sys.executable, "-m", "bridge.cli", *(["migrate"] if args.engine == "migrate" else ["sync", "--once"]), "-c", str(cfg)]
-        seconds, peak, _ = bench.timed(cmd, work)
+        seconds, peak, _, _ = bench.timed(cmd, work)
         verified = bench.subprocess.run([sys.executable, "-m", "bridge.cli", "verify", "-c", str(cfg)], cwd=work,
                                         capture_output=True).returncode
     with psycopg.connect(bench.libpq(url)) as conn:

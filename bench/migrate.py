@@ -23,7 +23,10 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
 and, after (a), `qbridge verify` of what it moved (time, peak RSS); (a) runs with the Spark driver's
 class-data archive in place (made first when missing, as a machine's first `migrate` does);
 each as its own process, sampling the summed RSS of its Python processes (driver and Spark's
-Python workers; the JVM is not a Python process) every 100 ms. Prints rows/s, a/d (time),
+Python workers; the JVM is not a Python process) every 100 ms, and the CPU seconds of its
+processes by kind and of PostgreSQL's over the same time (on 2 cores beside the database, a CPU-
+bound engine's wall time is about its CPU seconds over 2: the line says how busy the cores were).
+Prints rows/s, a/d (time),
 a/e (rows/s), a/c, peak RSS, and where (a)'s time went. Goals (issue 12): a/d <= 3.0 at 500k
 and 1M, a >= c, a >= 5x e, peak RSS at 1M within 20% of 500k.
 """
@@ -144,9 +147,12 @@ PLAIN = (f'SELECT id, msg_headers, convert_to(msg_text, \'UTF8\'), insert_time, 
 
 
 # (f): the same pipe as (d), into what exactly-once has to write: the transport's queue table
-# (uuid primary key, seq) and qbridge's ledger (primary key on the message id, the job index).
+# (uuid primary key with growing ids, seq) and qbridge's ledger (primary key on the message id,
+# the job index).
 FLOOR = [
-    (f'SELECT md5(\'nginn/LegacyDb/{QUEUE}/\' || id)::uuid, msg_headers, convert_to(msg_text, \'UTF8\') '
+    # Growing row ids, as qbridge's writer gives them (model.row_ids, UUIDv7): a hashed id here
+    # would put every insert on a random page of the primary key and overstate the floor.
+    (f'SELECT lpad(to_hex(id), 32, \'0\')::uuid, msg_headers, convert_to(msg_text, \'UTF8\') '
      f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'', f'"{REF}"."Orders" (id, headers, body)'),
     (f'SELECT md5(\'nginn/LegacyDb/{QUEUE}/\' || id)::uuid::text, \'bench\', \'{QUEUE}\', id::text, \'delivered\', '
      f'\'Orders\', now()::timestamp FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'',
@@ -214,20 +220,30 @@ def dlt_copy(url: str) -> None:
 
 
 class RssSampler(threading.Thread):
-    """Peak summed RSS of the Python processes in a process tree, sampled every 100 ms."""
+    """Peak summed RSS of the Python processes in a process tree, sampled every 100 ms, and the
+    CPU seconds each process of the tree used, by kind (Python, the JVM), as last sampled."""
 
     def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
         self.root, self.peak, self.stop = root, 0, threading.Event()
+        self.cpu: dict[int, tuple[str, int]] = {}  # pid -> (name, utime + stime ticks)
 
     def run(self) -> None:
         while not self.stop.is_set():
             self.peak = max(self.peak, sum(rss for _, rss in self._python_tree()))
             self.stop.wait(0.1)
 
+    def cpu_by_kind(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, ticks in self.cpu.values():
+            kind = "Python" if name.startswith("python") else "JVM" if name == "java" else "other"
+            out[kind] = out.get(kind, 0.0) + ticks / TICKS
+        return out
+
     def _python_tree(self) -> list[tuple[int, int]]:
         parents: dict[int, int] = {}
         names: dict[int, str] = {}
+        ticks: dict[int, int] = {}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -236,7 +252,9 @@ class RssSampler(threading.Thread):
             except OSError:
                 continue
             pid = int(entry)
-            parents[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+            fields = stat.rsplit(")", 1)[1].split()
+            parents[pid] = int(fields[1])
+            ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
             names[pid] = stat[stat.index("(") + 1: stat.rindex(")")]
         tree, frontier = {self.root}, [self.root]
         while frontier:
@@ -247,12 +265,37 @@ class RssSampler(threading.Thread):
                     frontier.append(child)
         out = []
         for p in tree:
+            if p in ticks:
+                self.cpu[p] = (names[p], ticks[p])
             if names.get(p, "").startswith("python"):
                 try:  # resident pages from statm: one small read per Python process
                     out.append((p, int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")))
                 except OSError:
                     pass
         return out
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def database_cpu() -> float:
+    """CPU seconds PostgreSQL's processes have used so far: the live ones', and through the
+    postmaster's children counters, those of the backends that have exited."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.index("(") + 1: stat.rindex(")")] != "postgres":
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+        if Path(f"/proc/{fields[1]}/comm").read_text().strip() != "postgres":  # the postmaster: reaped backends
+            total += int(fields[13]) + int(fields[14])
+    return total / TICKS
 
 
 def class_archive_ready() -> None:
@@ -264,7 +307,10 @@ def class_archive_ready() -> None:
     print(f"Spark driver class-data archive in place ({time.perf_counter() - started:.1f} s to check or make)", flush=True)
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
+def timed(cmd: list[str], cwd: Path) -> tuple[float, int, str, dict[str, float]]:
+    """(seconds, peak RSS of its Python processes, stderr, CPU seconds by kind: its Python
+    processes, its JVM, and PostgreSQL's processes over the same time)."""
+    db_before = database_cpu()
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sampler = RssSampler(proc.pid)
@@ -275,7 +321,16 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
     sampler.join()
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{err.decode()[-3000:]}")
-    return seconds, sampler.peak, err.decode(errors="replace")
+    cpu = sampler.cpu_by_kind()
+    cpu["PostgreSQL"] = database_cpu() - db_before
+    return seconds, sampler.peak, err.decode(errors="replace"), cpu
+
+
+def cpu_line(seconds: float, cpu: dict[str, float]) -> str:
+    """Where the CPU went, against what the machine's cores could give over the wall time."""
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if v >= 0.05)
+    total = sum(cpu.values())
+    return f"CPU s: {parts} = {total:.1f} ({total / (seconds * (os.cpu_count() or 1)):.0%} of {os.cpu_count()} cores' time)"
 
 
 def sql(url: str, *statements: str, **params: object) -> None:
@@ -351,7 +406,7 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         else:
             fresh_target(url, work, schema)
         sql(url, "CHECKPOINT")
-        seconds, peak, err = timed(cmd, work)
+        seconds, peak, err, cpu = timed(cmd, work)
         if name == "d":
             got, expected = count(url, f'"{REF}"."plain"'), ready
         elif name == "f":
@@ -364,13 +419,14 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         if got != expected:
             sys.exit(f"({name}) moved {got} rows, expected {expected}")
         results[name] = (seconds, peak, got)
-        print(f"  ({name}) {seconds:7.1f} s  {got / seconds:9,.0f} rows/s  peak RSS {peak / 2**20:6.0f} MiB", flush=True)
+        print(f"  ({name}) {seconds:7.1f} s  {got / seconds:9,.0f} rows/s  peak RSS {peak / 2**20:6.0f} MiB  "
+              f"{cpu_line(seconds, cpu)}", flush=True)
         if name == "a":
             for line in err.splitlines():
                 if "where the time went" in line:
                     print("      " + line.split("INFO qbridge.migrate ", 1)[-1], flush=True)
             # `verify` of what (a) moved: the source ids merged with the ledger as two streams.
-            v_seconds, v_peak, _ = timed([py, "-m", "bridge.cli", "verify", "-c", str(work / f"{TGT}.toml")], work)
+            v_seconds, v_peak, _, _ = timed([py, "-m", "bridge.cli", "verify", "-c", str(work / f"{TGT}.toml")], work)
             results["verify"] = (v_seconds, v_peak, n)
             print(f"      verify {v_seconds:.1f} s, peak RSS {v_peak / 2**20:.0f} MiB, balanced", flush=True)
     return results

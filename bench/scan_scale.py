@@ -85,7 +85,7 @@ def main() -> None:
             subprocess.run([py, "-m", "bridge.cli", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
             results[n] = {}
             for name, cmd in (("migrate", ["migrate"]), ("sync", ["sync", "--once"]), ("verify", ["verify", "--json"])):
-                seconds, peak, _ = timed([py, "-m", "bridge.cli", *cmd, "-c", str(cfg)], work)
+                seconds, peak, _, _ = timed([py, "-m", "bridge.cli", *cmd, "-c", str(cfg)], work)
                 results[n][name] = (seconds, peak)
                 print(f"  {name:8} {seconds:7.1f} s  peak RSS {peak / 2**20:6.0f} MiB", flush=True)
             delivered = bench.count(args.pg, f'"{TGT}"."Orders"')

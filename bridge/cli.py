@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     i = cmd("init", "create the target queue, delayed, subscription, error and state tables that are missing")
     i.add_argument("--print-sql", action="store_true", help="print the DDL for a DBA instead of running it")
     m = cmd("migrate", "bulk migration of everything the legacy queues hold now")
-    m.add_argument("--master", help="Spark master URL: local[*] (the default: one task slot more than the cores, as "
+    m.add_argument("--master", help="Spark master URL: local[*] (the default: one task slot more than the CPUs qbridge may use, as "
                    "tasks wait on the databases), local[N], spark://host:7077, ... Under spark-submit, the master "
                    "spark-submit was given")
     m.add_argument("--unit-rows", type=int, metavar="N", help="rows per Spark task (default: a few tasks per task slot, at most 50,000 rows each)")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from bridge.pipeline.cpus import usable_cpus
 from bridge.samples import DOTNET_ERROR, nginn_body, nginn_row
 from helpers import Bridge
 
@@ -91,7 +92,7 @@ def test_migrate_on_spark_plans_units_and_moves_the_checkpoint(make) -> None:
     r = migrate(b, "--unit-rows", "400")
     assert r.returncode == 0, r.stderr
     assert "Spark UI" in r.stderr
-    assert f"on {(os.cpu_count() or 1) + 1} task slots" in r.stderr  # local[*]: a slot more than the cores
+    assert f"on {usable_cpus() + 1} task slots" in r.stderr  # local[*]: a slot more than the usable CPUs
     assert "job1/MQueue1" in r.stdout
     assert b.ledger()["quarantined"] == 2
     high, gaps = checkpoint(b)
@@ -110,11 +111,10 @@ def test_migrate_on_spark_plans_units_and_moves_the_checkpoint(make) -> None:
     delivered_once(b)
 
 
-def test_local_masters_get_their_slots_and_star_one_more_than_the_cores() -> None:
+def test_local_masters_get_their_slots_and_star_one_more_than_the_usable_cpus() -> None:
     from bridge.pipeline.spark import local_slots
 
-    cores = os.cpu_count() or 1
-    assert local_slots("local[*]") == cores + 1  # tasks wait on the databases part of the time
+    assert local_slots("local[*]") == usable_cpus() + 1  # tasks wait on the databases part of the time
     assert local_slots("local[3]") == 3 and local_slots("local[1]") == 1
     assert local_slots("local") == 1
     assert local_slots("spark://host:7077") is None and local_slots(None) is None

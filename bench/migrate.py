@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -244,18 +245,10 @@ class RssSampler(threading.Thread):
         parents: dict[int, int] = {}
         names: dict[int, str] = {}
         ticks: dict[int, int] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            pid = int(entry)
-            fields = stat.rsplit(")", 1)[1].split()
+        for pid, name, fields in processes():
             parents[pid] = int(fields[1])
             ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
-            names[pid] = stat[stat.index("(") + 1: stat.rindex(")")]
+            names[pid] = name
         tree, frontier = {self.root}, [self.root]
         while frontier:
             p = frontier.pop()
@@ -278,10 +271,8 @@ class RssSampler(threading.Thread):
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def database_cpu() -> float:
-    """CPU seconds PostgreSQL's processes have used so far: the live ones', and through the
-    postmaster's children counters, those of the backends that have exited."""
-    total = 0
+def processes() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, name, the fields of /proc/PID/stat after the name) of every process now."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -289,9 +280,16 @@ def database_cpu() -> float:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        if stat[stat.index("(") + 1: stat.rindex(")")] != "postgres":
+        yield int(entry), stat[stat.index("(") + 1: stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+
+
+def database_cpu() -> float:
+    """CPU seconds PostgreSQL's processes have used so far: the live ones', and through the
+    postmaster's children counters, those of the backends that have exited."""
+    total = 0
+    for _, name, fields in processes():
+        if name != "postgres":
             continue
-        fields = stat.rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])
         if Path(f"/proc/{fields[1]}/comm").read_text().strip() != "postgres":  # the postmaster: reaped backends
             total += int(fields[13]) + int(fields[14])

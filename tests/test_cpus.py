@@ -49,6 +49,8 @@ def _cgroup(tmp_path: Path, lines: str, files: dict[str, str]) -> tuple[Path, Pa
     # nothing readable, or garbage: no quota (the affinity alone decides)
     ("0::/gone\n", {}, None),
     ("0::/\n", {"cpu.max": "lots\n"}, None),
+    # a line that is not hierarchy:controllers:path is passed over, not a crash of `migrate`
+    ("garbage\n0::/\n", {"cpu.max": "200000 100000\n"}, 2),
 ])
 def test_cgroup_cpu_quota(tmp_path: Path, lines: str, files: dict[str, str], expected: int | None) -> None:
     root, proc = _cgroup(tmp_path, lines, files)

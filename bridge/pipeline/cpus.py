@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
 
 
-def usable_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int:
+def usable_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int:
     """The CPUs this process may run on (its affinity), capped by its cgroup's CPU quota."""
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -24,7 +25,7 @@ def usable_cpus(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/c
     return max(1, min(cpus, quota) if quota else cpus)
 
 
-def cpu_quota(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
+def cpu_quota(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> int | None:
     """CPUs' worth of this process's cgroup CPU quota, rounded up (as the JVM rounds it); None
     when there is none or it cannot be read. cgroup v2 (`cpu.max`) first, then v1's cfs files."""
     try:
@@ -33,8 +34,9 @@ def cpu_quota(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgr
         return None
     paths = {}
     for line in lines:  # hierarchy-id:controllers:path
-        _, controllers, path = line.split(":", 2)
-        paths[controllers] = path.lstrip("/")
+        parts = line.split(":", 2)
+        if len(parts) == 3:  # anything else is not a cgroup line: planning must not fail on it
+            paths[parts[1]] = parts[2].lstrip("/")
     if "" in paths:  # the v2 unified hierarchy
         text = _first_readable(root, paths[""], "cpu.max")
         if text is not None:

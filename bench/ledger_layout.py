@@ -70,16 +70,12 @@ def main() -> None:
             ids = message_ids("nginn", "LegacyDb", "MQueue1", keys)
             for variant, (key_type, _) in VARIANTS.items():
                 mids = [uuid.UUID(m) for m in ids] if key_type == "uuid" else ids
-                if key_type == "origin":
-                    spent[variant] += timed_copy(conn, f'"{SCHEMA}"."{names[variant]}"', ("origin", *LEDGER_COLUMNS),
-                                                 ("int8", "text", "text", "text", "text", "text", "text", "text", "timestamp"),
-                                                 ((ORIGIN, m, "bench", "MQueue1", k, "delivered", "Orders", None, at)
-                                                  for m, k in zip(mids, keys)))
-                    continue
-                key = key_type.split("(")[0].replace("varchar", "text")
-                spent[variant] += timed_copy(conn, f'"{SCHEMA}"."{names[variant]}"', LEDGER_COLUMNS,
-                                             (key, "text", "text", "text", "text", "text", "text", "timestamp"),
-                                             ((m, "bench", "MQueue1", k, "delivered", "Orders", None, at) for m, k in zip(mids, keys)))
+                origin = (ORIGIN,) if key_type == "origin" else ()  # the origin variants' extra first column
+                key = "uuid" if key_type == "uuid" else "text"
+                spent[variant] += timed_copy(conn, f'"{SCHEMA}"."{names[variant]}"', ("origin",) * len(origin) + LEDGER_COLUMNS,
+                                             ("int8",) * len(origin) + (key, "text", "text", "text", "text", "text", "text", "timestamp"),
+                                             ((*origin, m, "bench", "MQueue1", k, "delivered", "Orders", None, at)
+                                              for m, k in zip(mids, keys)))
         conn.execute(f'DROP SCHEMA "{SCHEMA}" CASCADE')
     for variant in VARIANTS:
         print(f"  {variant:16} {spent[variant]:6.1f} s  {args.rows / spent[variant]:9,.0f} entries/s  "

@@ -327,8 +327,10 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, int, str, dict[str, float]]
 def cpu_line(seconds: float, cpu: dict[str, float]) -> str:
     """Where the CPU went, against what the machine's cores could give over the wall time."""
     parts = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items() if v >= 0.05)
-    total = sum(cpu.values())
-    return f"CPU s: {parts} = {total:.1f} ({total / (seconds * (os.cpu_count() or 1)):.0%} of {os.cpu_count()} cores' time)"
+    from bridge.pipeline.cpus import usable_cpus
+
+    total, cores = sum(cpu.values()), usable_cpus()
+    return f"CPU s: {parts} = {total:.1f} ({total / (seconds * cores):.0%} of {cores} cores' time)"
 
 
 def sql(url: str, *statements: str, **params: object) -> None:

@@ -148,17 +148,18 @@ PLAIN = (f'SELECT id, msg_headers, convert_to(msg_text, \'UTF8\'), insert_time, 
 
 
 # (f): the same pipe as (d), into what exactly-once has to write: the transport's queue table
-# (uuid primary key with growing ids, seq) and qbridge's ledger (primary key on the message id,
-# the job index).
-FLOOR = [
+# (uuid primary key with growing ids, seq) and qbridge's ledger (keyed by the queue's origin and
+# the source key, the message id beside them).
+def floor_statements(origin: int) -> list[tuple[str, str]]:
     # Growing row ids, as qbridge's writer gives them (model.row_ids, UUIDv7): a hashed id here
     # would put every insert on a random page of the primary key and overstate the floor.
-    (f'SELECT lpad(to_hex(id), 32, \'0\')::uuid, msg_headers, convert_to(msg_text, \'UTF8\') '
-     f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'', f'"{REF}"."Orders" (id, headers, body)'),
-    (f'SELECT md5(\'nginn/LegacyDb/{QUEUE}/\' || id)::uuid::text, \'bench\', \'{QUEUE}\', id::text, \'delivered\', '
-     f'\'Orders\', now()::timestamp FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'',
-     f'"{REF}"."qbridge_ledger" (message_id, job, queue, source_key, outcome, target, at)'),
-]
+    return [
+        (f'SELECT lpad(to_hex(id), 32, \'0\')::uuid, msg_headers, convert_to(msg_text, \'UTF8\') '
+         f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'', f'"{REF}"."Orders" (id, headers, body)'),
+        (f'SELECT {origin}::bigint, id::text, md5(\'nginn/LegacyDb/{QUEUE}/\' || id)::uuid::text, \'bench\', \'{QUEUE}\', '
+         f'\'delivered\', \'Orders\', now()::timestamp FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'',
+         f'"{REF}"."qbridge_ledger" (origin, source_key, message_id, job, queue, outcome, target, at)'),
+    ]
 
 
 def libpq(url: str) -> str:
@@ -189,6 +190,7 @@ def plain_pipe(url: str) -> None:
 def floor_pipe(url: str) -> None:
     """(f), in its own process: binary COPY-to-COPY pipes into the queue table and the ledger, in
     one transaction, no transformation: what the database spends on the rows exactly-once writes."""
+    from bridge.model import queue_origin
     from bridge.state import state_tables
 
     engine = sa.create_engine(url)
@@ -196,7 +198,7 @@ def floor_pipe(url: str) -> None:
         state_tables(REF)["ledger"].create(conn)
     engine.dispose()
     with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
-        for select, table in FLOOR:
+        for select, table in floor_statements(queue_origin("nginn", "LegacyDb", QUEUE)):
             with src.cursor().copy(f"COPY ({select}) TO STDOUT (FORMAT BINARY)") as out, \
                     dst.cursor().copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as into:
                 for block in out:

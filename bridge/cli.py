@@ -126,7 +126,18 @@ def cmd_init(args: argparse.Namespace) -> int:
                 out.print(stmt + sep + "\n", markup=False, highlight=False)
             for note in provision.notes(p):
                 out.print(note + "\n", markup=False, highlight=False)
+            upgrade = provision.conversion_sql(p)
+            if upgrade:
+                out.print(f"-- Only where {p.connection!r} has a qbridge_ledger made by qbridge before its (origin, source_key) "
+                          "key, and with every qbridge process stopped: convert it (`qbridge init` does this itself, after "
+                          "checking that every entry belongs to a queue of this config)", markup=False, highlight=False)
+                for stmt in upgrade:
+                    out.print(stmt + sep + "\n", markup=False, highlight=False)
             continue
+        converted = provision.convert_ledger(p, lambda line: err.print(line, markup=False, highlight=False))
+        if converted is not None:
+            out.print(f"{p.connection}: converted the ledger's {converted:,} entries to the (origin, source key) layout",
+                      markup=False, highlight=False)
         created, existing = provision.create_missing(p)
         out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
                   f"{len(existing)} already existed and were left alone", markup=False, highlight=False)

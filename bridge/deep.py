@@ -65,7 +65,7 @@ def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
         delivered: dict[str, list[tuple[str, str]]] = defaultdict(list)
         targets: set[str] = set()
         stmt = sa.select(ledger.c.queue, ledger.c.source_key, ledger.c.message_id, ledger.c.target).where(
-            ledger.c.job == job, ledger.c.outcome == "delivered")
+            ledger.c.origin.in_(list(runner.origins.values())), ledger.c.job == job, ledger.c.outcome == "delivered")
         for queue, key, mid, target in tconn.execute(stmt):
             if queue in books:
                 delivered[queue].append((key, mid))

@@ -56,6 +56,15 @@ def message_ids(system: str, database: str, queue: str, keys: Sequence[str]) -> 
     return texts
 
 
+def queue_origin(system: str, database: str, queue: str) -> int:
+    """The ledger's name for one source queue: a signed 64-bit number hashed from the same
+    coordinates as its messages' ids, without the key. The ledger is keyed by (origin, source
+    key), so a batch's entries land side by side in its index where hashed message ids scatter
+    them over every page; the uniqueness is the message id's own (job is in neither)."""
+    digest = hashlib.sha1(_NAMESPACE_BYTES + f"{system}/{database}/{queue}/".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
 def _uuid(number: int) -> uuid.UUID:
     """uuid.UUID(int=number) without its argument checks (the callers make valid numbers)."""
     u = _UUID_NEW(uuid.UUID)

@@ -7,6 +7,7 @@ state tables on the legacy side (the ledger lives beside the rows it guards).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -14,7 +15,9 @@ import sqlalchemy as sa
 from bridge.config import Config, JobConfig
 from bridge.db import dialect_for, engine_for
 from bridge.errors import TargetSchemaError
-from bridge.state import state_tables
+from bridge.ledger_upgrade import NEW, QueueOrigin, conversion, convert
+from bridge.pipeline.loop import database_identity
+from bridge.state import ledger_table, state_tables
 from bridge.targets import target_class
 from bridge.targets.base import Target
 from bridge.targets.nservicebus import create_statements
@@ -31,6 +34,10 @@ class TargetPlan:
     label: str  # what the tables are for, in `--print-sql` output
     tables: list[sa.Table] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)  # whose notes go with the DDL
+    # Every queue of the config whose ledger entries live here (all jobs, not only those
+    # selected): what converting an earlier ledger needs (bridge.ledger_upgrade).
+    origins: list[QueueOrigin] = field(default_factory=list)
+    has_state: bool = False  # qbridge's state tables go here (in `schema`)
 
     @property
     def names(self) -> list[str]:
@@ -61,6 +68,7 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
         label = (f"flavor {job.target.flavor}, schema {job.target.schema_name}" if job.target.system == "nservicebus"
                  else f"{job.target.system} legacy store, schema {schema or '(default)'}")
         p = at(job.target.connection, schema, label)
+        p.has_state = True
         for t in state_tables(schema).values():
             p.add(t)
         for t in target.tables():
@@ -76,6 +84,13 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
                 q.add(transport.queue(queue))
                 q.add(transport.delayed(queue))
             q.add(transport.subscriptions())
+    for job in config.jobs:
+        url = config.connections[job.target.connection]
+        schema = target_class(job.target.system)(job, url, config.mapping(job)).state_schema
+        here = plans.get((job.target.connection, schema))
+        if here is not None:
+            identity = database_identity(job, config.connections[job.source.connection])
+            here.origins += [QueueOrigin(job.name, q, job.source.system, identity) for q in job.source.queues]
     return list(plans.values())
 
 
@@ -86,6 +101,33 @@ def ddl(p: TargetPlan) -> list[str]:
 def notes(p: TargetPlan) -> list[str]:
     dialect = dialect_for(p.url)
     return [n for t in p.targets for n in t.notes(dialect)]
+
+
+def conversion_sql(p: TargetPlan) -> list[str]:
+    """For a DBA: the statements that convert a ledger made before the (origin, source key)
+    layout, with every queue of the config (`init` checks first that no entry belongs to another)."""
+    if not p.has_state:
+        return []
+    dialect = dialect_for(p.url)
+    new = ledger_table(p.schema, name=NEW)
+    steps = [_literal(s, dialect) for s in conversion(dialect, p.schema, p.origins).statements]
+    # One transaction from the lock to the drop (PostgreSQL takes LOCK TABLE only inside one);
+    # MariaDB's DDL commits by itself, and its LOCK TABLES holds the writers off instead.
+    begin = {"postgresql": "BEGIN", "sqlite": "BEGIN IMMEDIATE", "mssql": "BEGIN TRANSACTION"}.get(dialect.name)
+    if begin:
+        steps = [begin, *steps, "COMMIT"]
+    return [*create_statements([new], dialect), *steps]
+
+
+def _literal(stmt: sa.Executable, dialect: sa.Dialect) -> str:
+    return str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+
+def convert_ledger(p: TargetPlan, say: Callable[[str], None]) -> int | None:
+    """Converts a ledger made by an earlier qbridge in place (None: there was none)."""
+    if not p.has_state:
+        return None
+    return convert(engine_for(p.url), p.schema, p.origins, p.connection, say)
 
 
 def create_missing(p: TargetPlan) -> tuple[list[str], list[str]]:

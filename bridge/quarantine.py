@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from bridge import faults
 from bridge.db import unique_violation
+from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.base import Skipped
 from bridge.timefmt import naive_utc, utcnow
@@ -166,11 +167,20 @@ class QuarantineDesk:
 
     def _still_quarantined(self, tconn: sa.Connection, q: dict[str, Any]) -> bool:
         """Locks the ledger entry; False when someone settled it since it was listed."""
-        l = self.state.ledger
-        stmt = sa.select(l.c.outcome).where(l.c.message_id == q["message_id"])
+        stmt = sa.select(self.state.ledger.c.outcome).where(self._entry(q))
         if tconn.dialect.name != "sqlite":
             stmt = stmt.with_for_update()
         return tconn.execute(stmt).scalar_one_or_none() == "quarantined"
+
+    def _entry(self, q: dict[str, Any]) -> sa.ColumnElement[bool]:
+        """The ledger entry of a quarantined message, by its key. A message quarantined under
+        another source identity than today's (the replay refuses it; discard does not) is found
+        by its message id and job instead: the message id is not indexed, so that takes a scan."""
+        r, l = self.runner, self.state.ledger
+        system, queue, key = r.job.source.system, q["queue"], q["source_key"]
+        if str(message_id_for(system, r.database, queue, key)) == q["message_id"]:
+            return sa.and_(l.c.origin == queue_origin(system, r.database, queue), l.c.source_key == key)
+        return sa.and_(l.c.message_id == q["message_id"], l.c.job == r.job.name, l.c.queue == queue)
 
     def _gone(self, q: dict[str, Any]) -> Outcome:
         return Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "not-quarantined", "",
@@ -179,13 +189,13 @@ class QuarantineDesk:
     def _still_failing(self, tconn: sa.Connection, q: dict[str, Any], reason: str) -> None:
         s = self.state
         tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]).values(reason=reason))
-        tconn.execute(sa.update(s.ledger).where(s.ledger.c.message_id == q["message_id"]).values(reason=reason[:500]))
+        tconn.execute(sa.update(s.ledger).where(self._entry(q)).values(reason=reason[:500]))
         self._audit(tconn, q, "replay-failed", "quarantined", reason)
 
     def _settle(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str,
                 target: str | None, ledger_reason: str | None) -> None:
         s = self.state
-        tconn.execute(sa.update(s.ledger).where(s.ledger.c.message_id == q["message_id"])
+        tconn.execute(sa.update(s.ledger).where(self._entry(q))
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
                               at=naive_utc(utcnow())))
         self._audit(tconn, q, action, outcome, detail)

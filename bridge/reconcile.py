@@ -51,10 +51,11 @@ class JobBooks:
 
 
 def verify(runner: JobRunner, deep: bool = False) -> JobBooks:
+    runner.check_ledger()
     books = _books(runner)
     rules = runner.state.skip_reasons
     with runner.target_engine.connect() as tconn:
-        by_rule = rules(tconn, runner.job.name)
+        by_rule = rules(tconn, runner.job.name, runner.origins.values())
     for b in books.queues:
         b.skipped_by_rule = by_rule.get(b.queue, {})
     if deep:
@@ -107,7 +108,7 @@ def _books(runner: JobRunner) -> JobBooks:
 def _monotonic_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any,
                      b: QueueBooks) -> None:
     """Source keys up to the checkpoint merged with the job's ledger, both streamed in key order."""
-    ledger = iter(runner.state.ledger_keys(tconn, runner.job.name, source.queue, numeric=True))
+    ledger = iter(runner.state.ledger_keys(tconn, runner.job.name, runner.origins[source.queue], numeric=True))
     entry = next(ledger, None)
     unexplained: list[str] = []
     for key in source.keys_upto(sconn, cp.high):
@@ -131,7 +132,7 @@ def _monotonic_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connecti
 
 def _explain(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str], b: QueueBooks) -> None:
     """Keys not in this job's ledger: another job reading the same queue may have them; else missing."""
-    elsewhere = _outcomes_by_id(runner, tconn, source, keys)
+    elsewhere = runner.ledger_lookup(tconn, source, keys)
     for k in keys:
         outcome = elsewhere.get(k)
         if outcome:
@@ -150,7 +151,7 @@ def _chunks(keys: Any) -> Any:
 def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, b: QueueBooks) -> None:
     """A scan source has no checkpoint: each row there now is in an outcome or in the backlog."""
     for keys in _chunks(source.iter_keys(sconn)):
-        outcomes = _outcomes_by_id(runner, tconn, source, keys)
+        outcomes = runner.ledger_lookup(tconn, source, keys)
         b.backlog += len(keys) - len(outcomes)
         b.source_rows += len(outcomes)
         for outcome in outcomes.values():
@@ -160,37 +161,31 @@ def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, s
 def _queue_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, b: QueueBooks) -> None:
     """A consumed queue (NServiceBus proxy queues): what left it is in the ledger; what is still
     there is backlog, or `pending` when the ledger has it (its delete did not commit yet)."""
-    counts = runner.state.counts(tconn, runner.job.name).get(source.queue, {})
+    counts = runner.state.counts(tconn, runner.job.name, [runner.origins[source.queue]]).get(source.queue, {})
     for outcome, n in counts.items():
         setattr(b, outcome, n)
     b.source_rows = sum(counts.values())
     for keys in _chunks(source.queued_keys(sconn)):
-        known = _outcomes_by_id(runner, tconn, source, keys)
+        known = runner.ledger_lookup(tconn, source, keys)
         b.pending += len(known)
         b.backlog += len(keys) - len(known)
-
-
-def _outcomes_by_id(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[str]) -> dict[str, str]:
-    if not keys:
-        return {}
-    ids, known = runner.ledger_lookup(tconn, source, keys)
-    return {k: known[ids[k]] for k in keys if ids[k] in known}
 
 
 def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:
     if source.cursor == "queue":
         return source.count_after(sconn, None)
     if source.cursor == "scan":
-        return sum(len(keys) - len(_outcomes_by_id(runner, tconn, source, keys)) for keys in _chunks(source.iter_keys(sconn)))
+        return sum(len(keys) - len(runner.ledger_lookup(tconn, source, keys)) for keys in _chunks(source.iter_keys(sconn)))
     return source.count_after(sconn, cp.high if cp else None)
 
 
 def status(runner: JobRunner) -> dict[str, Any]:
     """Per job: last run, rows moved, lag, backlog, quarantine count (and per queue)."""
     job = runner.job.name
+    runner.check_ledger()
     with runner.target_engine.connect() as tconn:
         checkpoints = runner.state.read_checkpoints(tconn, job)
-        counts = runner.state.counts(tconn, job)
+        counts = runner.state.counts(tconn, job, runner.origins.values())
     queues = []
     backlog_error = None
     try:

@@ -6,7 +6,6 @@ moved checkpoint commit in one transaction (GUIDE guarantee 1).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,24 +25,32 @@ CHECKPOINT = "qbridge_checkpoint"
 QUARANTINE = "qbridge_quarantine"
 AUDIT = "qbridge_quarantine_audit"
 OUTCOMES = ("delivered", "skipped", "quarantined")
-LEDGER_COLUMNS = ("message_id", "job", "queue", "source_key", "outcome", "target", "reason", "at")
+LEDGER_COLUMNS = ("origin", "source_key", "message_id", "job", "queue", "outcome", "target", "reason", "at")
 
 
-def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dict[str, sa.Table]:
-    md = metadata or sa.MetaData()
-    ledger = sa.Table(
-        LEDGER, md,
-        sa.Column("message_id", sa.String(36), primary_key=True),
+def ledger_table(schema: str | None, metadata: sa.MetaData | None = None, name: str = LEDGER) -> sa.Table:
+    """The ledger; `name` differs only while `qbridge init` converts an earlier one (bridge.ledger_upgrade)."""
+    # Keyed by the source queue's origin and the message's key there (see model.queue_origin):
+    # entries of a batch are neighbours in the key's index, as they are in the source. The
+    # message id is kept for what is looked up by it (verify --deep), not indexed.
+    return sa.Table(
+        name, metadata or sa.MetaData(),
+        sa.Column("origin", sa.BigInteger(), primary_key=True, autoincrement=False),
+        sa.Column("source_key", sa.String(200), primary_key=True),
+        sa.Column("message_id", sa.String(36), nullable=False),
         sa.Column("job", sa.String(128), nullable=False),
         sa.Column("queue", sa.String(128), nullable=False),
-        sa.Column("source_key", sa.String(200), nullable=False),
         sa.Column("outcome", sa.String(12), nullable=False),
         sa.Column("target", sa.String(260)),
         sa.Column("reason", sa.String(500)),
         sa.Column("at", sa.DateTime(), nullable=False),
-        sa.Index("ix_qbridge_ledger_job_queue", "job", "queue", "outcome"),
         schema=schema,
     )
+
+
+def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dict[str, sa.Table]:
+    md = metadata or sa.MetaData()
+    ledger = ledger_table(schema, md)
     checkpoint = sa.Table(
         CHECKPOINT, md,
         sa.Column("job", sa.String(128), primary_key=True),
@@ -214,29 +221,30 @@ class State:
         return pending, cp.version + 1
 
     # -- ledger ----------------------------------------------------------------------------
-    def known(self, conn: sa.Connection, ids: Sequence[uuid.UUID | str]) -> dict[str, str]:
-        """message id -> outcome, for those of `ids` already in the ledger."""
-        if not ids:
+    def known(self, conn: sa.Connection, origin: int, keys: Sequence[str]) -> dict[str, str]:
+        """source key -> outcome, for those of `keys` (of the queue `origin` names) already in the ledger."""
+        if not keys:
             return {}
         l = self.ledger
-        out: dict[str, str] = {}
-        strs = [str(i) for i in ids]
+        mine = l.c.origin == origin
         if conn.dialect.name == "postgresql":
             # One array parameter instead of 1000 placeholders the driver must parse per batch.
-            stmt = sa.select(l.c.message_id, l.c.outcome).where(l.c.message_id == sa.any_(sa.bindparam("ids", type_=ARRAY(sa.String))))
-            return {mid: outcome for mid, outcome in conn.execute(stmt, {"ids": strs})}
-        for start in range(0, len(strs), 1000):
-            chunk = strs[start:start + 1000]
-            for mid, outcome in conn.execute(sa.select(l.c.message_id, l.c.outcome).where(l.c.message_id.in_(chunk))):
-                out[mid] = outcome
+            stmt = sa.select(l.c.source_key, l.c.outcome).where(
+                mine, l.c.source_key == sa.any_(sa.bindparam("keys", type_=ARRAY(sa.String))))
+            return dict(conn.execute(stmt, {"keys": list(keys)}).all())
+        out: dict[str, str] = {}
+        for start in range(0, len(keys), 1000):
+            chunk = list(keys[start:start + 1000])
+            out.update(conn.execute(sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key.in_(chunk))).all())
         return out
 
-    def record(self, conn: sa.Connection, job: str, queue: str, entries: Sequence[LedgerEntry],
+    def record(self, conn: sa.Connection, job: str, queue: str, origin: int, entries: Sequence[LedgerEntry],
                quarantined: Sequence[Quarantined]) -> None:
         now = naive_utc(utcnow())
         if entries:
             insert_values(conn, self.ledger, LEDGER_COLUMNS, [
-                (str(e.message_id), job, queue, e.source_key, e.outcome, e.target, (e.reason or None) and e.reason[:500], now)
+                (origin, e.source_key, str(e.message_id), job, queue, e.outcome, e.target,
+                 (e.reason or None) and e.reason[:500], now)
                 for e in entries
             ])
         if quarantined:
@@ -246,29 +254,31 @@ class State:
                 for q in quarantined
             ])
 
-    def counts(self, conn: sa.Connection, job: str) -> dict[str, dict[str, int]]:
-        """queue -> outcome -> count, from the ledger."""
+    def counts(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
+        """queue -> outcome -> count, from the ledger, for the job's queues `origins` name."""
         l = self.ledger
         out: dict[str, dict[str, int]] = {}
-        stmt = sa.select(l.c.queue, l.c.outcome, sa.func.count()).where(l.c.job == job).group_by(l.c.queue, l.c.outcome)
+        stmt = (sa.select(l.c.queue, l.c.outcome, sa.func.count()).where(l.c.origin.in_(list(origins)), l.c.job == job)
+                .group_by(l.c.queue, l.c.outcome))
         for queue, outcome, n in conn.execute(stmt):
             out.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[outcome] = int(n)
         return out
 
-    def skip_reasons(self, conn: sa.Connection, job: str) -> dict[str, dict[str, int]]:
+    def skip_reasons(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
         """queue -> the mapping rule that skipped messages -> how many."""
         l = self.ledger
-        stmt = (sa.select(l.c.queue, l.c.reason, sa.func.count()).where(l.c.job == job, l.c.outcome == "skipped")
+        stmt = (sa.select(l.c.queue, l.c.reason, sa.func.count())
+                .where(l.c.origin.in_(list(origins)), l.c.job == job, l.c.outcome == "skipped")
                 .group_by(l.c.queue, l.c.reason))
         out: dict[str, dict[str, int]] = {}
         for queue, reason, n in conn.execute(stmt):
             out.setdefault(queue, {})[reason or "(no reason recorded)"] = int(n)
         return out
 
-    def ledger_keys(self, conn: sa.Connection, job: str, queue: str, numeric: bool = False) -> Iterable[tuple[str, str]]:
+    def ledger_keys(self, conn: sa.Connection, job: str, origin: int, numeric: bool = False) -> Iterable[tuple[str, str]]:
         """(source key, outcome) of a job's queue, streamed; `numeric` orders them by the key as a number."""
         l = self.ledger
-        stmt = sa.select(l.c.source_key, l.c.outcome).where(l.c.job == job, l.c.queue == queue)
+        stmt = sa.select(l.c.source_key, l.c.outcome).where(l.c.origin == origin, l.c.job == job)
         if numeric:
             stmt = stmt.order_by(sa.cast(l.c.source_key, sa.BigInteger))
         yield from conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000))

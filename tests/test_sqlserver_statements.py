@@ -131,3 +131,23 @@ def test_reverse_job_init_sql_for_sql_server(tmp_path: Path) -> None:
     legacy = "\n".join(provision.ddl(plans["legacy"]))
     assert "CREATE TABLE dbo.[Billing] (\n\tid BIGINT NOT NULL IDENTITY" in legacy
     assert "[RowVersion] BIGINT NOT NULL IDENTITY(1,1)" in "\n".join(provision.ddl(plans["nsb"]))
+
+
+def test_ledger_conversion_for_sql_server(tmp_path: Path) -> None:
+    """What `init --print-sql` gives a DBA to convert an earlier ledger: the copy holds the old
+    ledger locked against writers until the transaction ends, and the swap is sp_rename's."""
+    from bridge import provision
+    from bridge.model import queue_origin
+
+    _reverse_runner(tmp_path)
+    config = load_config(tmp_path / "c.toml")
+    plan = {p.connection: p for p in provision.plan(config, config.jobs)}["legacy"]
+    steps = [re.sub(r"\s+", " ", s) for s in provision.conversion_sql(plan)]
+    assert "CREATE TABLE dbo.qbridge_ledger_new (" in steps[0] and "PRIMARY KEY (origin, source_key)" in steps[0]
+    assert steps[1] == "BEGIN TRANSACTION" and steps[-1] == "COMMIT"
+    copy = steps[2]
+    assert copy.startswith("INSERT INTO dbo.qbridge_ledger_new (origin, source_key, message_id, job, queue, outcome, target, reason, at)")
+    assert f"SELECT {queue_origin('nservicebus', 'shop', 'Billing')} AS anon_1" in copy
+    assert "FROM dbo.qbridge_ledger WITH (TABLOCKX, HOLDLOCK) WHERE dbo.qbridge_ledger.job = 'back'" in copy
+    assert steps[3:-1] == ["EXEC sp_rename N'dbo.qbridge_ledger', N'qbridge_ledger_old'",
+                         "EXEC sp_rename N'dbo.qbridge_ledger_new', N'qbridge_ledger'", "DROP TABLE dbo.qbridge_ledger_old"]

@@ -23,7 +23,8 @@ from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for, unique_violation
 from bridge.errors import BadRow, RetryableError
 from bridge.identifiers import url_identity
-from bridge.model import message_id_for, message_ids
+from bridge.ledger_upgrade import require_current
+from bridge.model import message_id_for, message_ids, queue_origin
 from bridge.pipeline.gaps import Gap, expire, fill, holes
 from bridge.retry import with_backoff
 from bridge.sources import Source, SourceRow, Subscription, source_class
@@ -120,10 +121,13 @@ class JobRunner:
         self.sources: dict[str, Source] = {
             q: cls(job, self.source_engine, q, self.database) for q in job.source.queues
         }
+        # Each queue's name in the ledger's key (model.queue_origin).
+        self.origins: dict[str, int] = {q: queue_origin(job.source.system, self.database, q) for q in job.source.queues}
         for source in self.sources.values():
             source.configure(self.mapping)
             source.due_only = not self.target.schedules
         self._ready: set[str] = set()
+        self._ledger_checked = False
         self._version = 0
         # Queues whose planned ranges are taken to be new to the ledger: their batches insert
         # without looking the ledger up first, and the ledger's primary key catches the rare
@@ -138,10 +142,10 @@ class JobRunner:
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
         return message_id_for(source.system, self.database, source.queue, source.ledger_key(row))
 
-    def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> tuple[dict[Any, str], dict[str, str]]:
-        """(source key -> message id, message id -> outcome for those already in the ledger)."""
-        texts = message_ids(source.system, self.database, source.queue, [str(k) for k in keys])
-        return dict(zip(keys, texts)), self.state.known(tconn, texts)
+    def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> dict[Any, str]:
+        """source key -> outcome, for those of `keys` already in the ledger."""
+        known = self.state.known(tconn, self.origins[source.queue], [str(k) for k in keys])
+        return {k: outcome for k in keys if (outcome := known.get(str(k))) is not None} if known else {}
 
     def check(self) -> None:
         """Both databases answer, source tables look right, checkpoints exist; a clear error if not."""
@@ -158,7 +162,15 @@ class JobRunner:
         except sa_exc.SQLAlchemyError as e:
             raise describe(e, job.target.connection, self.target_url) from None
 
+    def check_ledger(self) -> None:
+        """Stops with what to do on a ledger an earlier qbridge made (once per process)."""
+        if not self._ledger_checked:
+            with self.target_engine.connect() as tconn:
+                require_current(tconn, self.state.ledger.schema, self.job.target.connection)
+            self._ledger_checked = True
+
     def _prepare(self, queue: str) -> None:
+        self.check_ledger()
         if queue not in self._ready:
             self.state.ensure_checkpoint(self.target_engine, self.job.name, queue)
             self._ready.add(queue)
@@ -228,7 +240,7 @@ class JobRunner:
         stats.t_map += time.perf_counter() - mapped
         try:
             self.target.write(tconn, outs)
-            self.state.record(tconn, self.job.name, source.queue, entries, quarantined)
+            self.state.record(tconn, self.job.name, source.queue, self.origins[source.queue], entries, quarantined)
         except sa_exc.IntegrityError as e:
             if not unique_violation(e):
                 raise
@@ -290,9 +302,9 @@ class JobRunner:
             if not chunk:
                 return result
             with self.target_engine.connect() as tconn:
-                ids, known = self.ledger_lookup(tconn, source, chunk)
+                known = self.ledger_lookup(tconn, source, chunk)
             # Move mode reads the delivered ones too: they are still there to be consumed.
-            new = chunk if self.job.mode == "move" else [k for k in chunk if ids[k] not in known]
+            new = chunk if self.job.mode == "move" else [k for k in chunk if k not in known]
             result.stats.already += len(chunk) - len(new)
             if new:
                 with_backoff(lambda c=new: self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats),
@@ -366,9 +378,9 @@ class JobRunner:
         keys = source.iter_keys(sconn)
         try:
             for chunk in chunked(keys, SCAN_CHUNK):
-                ids, seen = self.ledger_lookup(tconn, source, chunk)
+                seen = self.ledger_lookup(tconn, source, chunk)
                 for k in chunk:
-                    outcome = seen.get(ids[k])
+                    outcome = seen.get(k)
                     if outcome is None:
                         if len(todo) < size:
                             todo.append(k)
@@ -392,7 +404,7 @@ class JobRunner:
         keys = [source.ledger_key(r) for r in rows]
         ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
-            known = self.state.known(tconn, ids)
+            known = self.state.known(tconn, self.origins[source.queue], keys)
         lane = self.fast_lane and type(source).plain is not Source.plain and type(self.target).plain_envelope is not Target.plain_envelope
         outs: list[Any] = []
         entries: list[LedgerEntry] = []
@@ -403,7 +415,7 @@ class JobRunner:
         now = utcnow()
         oldest = None
         for row, key, mid in zip(rows, keys, ids):
-            seen = known.get(mid)
+            seen = known.get(key)
             if seen is not None:
                 stats.already += 1
                 if lock and row.consumable and (seen != "quarantined" or take_quarantined):

@@ -213,3 +213,20 @@ def test_replay_refuses_when_the_source_identity_changed(make, capsys: pytest.Ca
     [r] = _out(capsys)["results"]
     assert r["action"] == "replay-failed" and "differs from the ledger's" in r["detail"] and "RenamedDb" in r["detail"]
     assert b.count("Orders") == 0 and b.ledger() == {"quarantined": 1}
+
+
+@pytest.mark.postgres
+def test_discard_after_the_source_identity_changed_still_settles_the_ledger_entry(make, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ledger is keyed by the queue's origin, made from today's source identity; an entry made
+    under the earlier one is found by its message id instead, and turned into a skip."""
+    b = make(queues=["MQueue3"], mapping=NO_CATCH_ALL)
+    b.insert(b.ready(1, queue="MQueue3"), queue="MQueue3")
+    assert b.cli("sync", "--once") == 0
+    b.config.write_text(b.config.read_text().replace('database = "LegacyDb"', 'database = "RenamedDb"'))
+    capsys.readouterr()
+    assert b.cli("quarantine", "discard", "--all", "--why", "gone", "--json") == 0
+    [d] = _out(capsys)["results"]
+    assert d["action"] == "discarded" and d["outcome"] == "skipped"
+    assert b.ledger() == {"skipped": 1}
+    assert b.cli("quarantine", "list", "--json") == 0
+    assert _out(capsys)["jobs"][0]["quarantined"] == []

@@ -103,29 +103,30 @@ def test_convert_on_sqlite(tmp_path: Path) -> None:
     _convert_in_place(sa.create_engine(f"sqlite:///{tmp_path}/n.db"), None)
 
 
-def test_entries_of_a_queue_the_config_lost_stop_the_conversion_and_change_nothing(pg_server: str, pg_schema: str) -> None:
+@pytest.mark.parametrize("entries, database, said", [
+    ({**ENTRIES, ("old-job", "Gone"): [1, 2]}, "LegacyDb",
+     ["2 entries of job 'old-job' queue 'Gone', which this config does not have", "put that job and queue back"]),
+    # Converted under today's identity they would be filed under the wrong origin: the queue's
+    # messages would all look new and be delivered again.
+    (ENTRIES, "OldName", ["2500 entries of job 'job1' queue 'MQueue1' were made under another source identity than "
+                          "today's 'LegacyDb'", "set jobs[].source.database"]),
+], ids=["queue-not-in-config", "another-source-identity"])
+def test_entries_init_cannot_place_stop_the_conversion_and_change_nothing(
+        pg_server: str, pg_schema: str, entries: dict, database: str, said: list[str]) -> None:
     engine = sa.create_engine(pg_server)
-    fill_earlier(engine, pg_schema, {**ENTRIES, ("old-job", "Gone"): [1, 2]})
+    fill_earlier(engine, pg_schema, entries, database=database)
     with pytest.raises(TargetSchemaError) as e:
         convert(engine, pg_schema, ORIGINS, "nsb")
-    assert "2 entries of job 'old-job' queue 'Gone', which this config does not have" in str(e.value)
-    assert "nothing was changed" in str(e.value)
+    assert "nothing was changed" in str(e.value) and all(s in str(e.value) for s in said), str(e.value)
     with engine.connect() as conn:
         assert earlier_layout(conn, pg_schema)
     assert tables(engine, pg_schema) == {"qbridge_ledger"}
+    assert len(ledger_rows_earlier(engine, pg_schema)) == sum(len(k) for k in entries.values())
 
 
-def test_entries_made_under_another_source_identity_stop_the_conversion(pg_server: str, pg_schema: str) -> None:
-    """Converting them under today's identity would file them under the wrong origin: the queue's
-    messages would all look new and be delivered again."""
-    engine = sa.create_engine(pg_server)
-    fill_earlier(engine, pg_schema, ENTRIES, database="OldName")
-    with pytest.raises(TargetSchemaError) as e:
-        convert(engine, pg_schema, ORIGINS, "nsb")
-    assert "made under another source identity than today's 'LegacyDb'" in str(e.value)
-    assert "set jobs[].source.database" in str(e.value)
+def ledger_rows_earlier(engine: sa.Engine, schema: str | None) -> list:
     with engine.connect() as conn:
-        assert earlier_layout(conn, pg_schema)
+        return conn.execute(sa.select(earlier_ledger(schema))).all()
 
 
 def test_a_conversion_cut_off_between_mariadbs_renames_is_finished(mariadb_database: str) -> None:

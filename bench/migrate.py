@@ -19,7 +19,7 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
       whole table, as dlt's docs recommend for speed,
   (f) the floor, not a goal's reference: (d)'s pipe into the tables exactly-once must write, the
       transport's queue table (uuid primary key, seq) and qbridge's ledger (one row per message,
-      its two indexes), in one transaction; f/d is what those tables cost the database itself,
+      keyed by origin and source key), in one transaction; f/d is what those tables cost the database itself,
 and, after (a), `qbridge verify` of what it moved (time, peak RSS); (a) runs with the Spark driver's
 class-data archive in place (made first when missing, as a machine's first `migrate` does);
 each as its own process, sampling the summed RSS of its Python processes (driver and Spark's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import sqlalchemy as sa
 
@@ -57,8 +58,17 @@ def _old(schema: str | None) -> sa.TableClause:
     return sa.table(LEDGER, *(sa.column(c) for c in LEDGER_COLUMNS if c != "origin"), schema=schema)
 
 
-def _groups(conn: sa.Connection, schema: str | None) -> list[tuple[str, str, int, str, str]]:
-    """(job, queue, entries, one source key, its message id) per (job, queue) of the old ledger."""
+class Group(NamedTuple):
+    """The old ledger's entries of one (job, queue), with one of them to check its message id by."""
+
+    job: str
+    queue: str
+    entries: int
+    key: str
+    message_id: str
+
+
+def _groups(conn: sa.Connection, schema: str | None) -> list[Group]:
     old = _old(schema)
     groups = conn.execute(sa.select(old.c.job, old.c.queue, sa.func.count(), sa.func.min(old.c.source_key))
                           .group_by(old.c.job, old.c.queue).order_by(old.c.job, old.c.queue)).all()
@@ -66,22 +76,21 @@ def _groups(conn: sa.Connection, schema: str | None) -> list[tuple[str, str, int
     for job, queue, n, key in groups:
         mid = conn.execute(sa.select(old.c.message_id).where(old.c.job == job, old.c.queue == queue, old.c.source_key == key)
                            .limit(1)).scalar_one()
-        out.append((job, queue, int(n), key, mid))
+        out.append(Group(job, queue, int(n), key, mid))
     return out
 
 
-def _check(groups: list[tuple[str, str, int, str, str]], origins: dict[tuple[str, str], QueueOrigin],
-           connection: str) -> None:
+def _check(groups: list[Group], origins: dict[tuple[str, str], QueueOrigin], connection: str) -> None:
     problems = []
-    for job, queue, n, key, mid in groups:
-        o = origins.get((job, queue))
+    for g in groups:
+        o = origins.get((g.job, g.queue))
         if o is None:
-            problems.append(f"{n} entries of job {job!r} queue {queue!r}, which this config does not have: "
+            problems.append(f"{g.entries} entries of job {g.job!r} queue {g.queue!r}, which this config does not have: "
                             "put that job and queue back in the config (its source as it was) and run init again")
-        elif str(message_id_for(o.system, o.database, queue, key)) != mid:
-            problems.append(f"{n} entries of job {job!r} queue {queue!r} were made under another source identity than "
-                            f"today's {o.database!r} (key {key!r} has message id {mid}): set jobs[].source.database "
-                            "to the one they were made with and run init again")
+        elif str(message_id_for(o.system, o.database, g.queue, g.key)) != g.message_id:
+            problems.append(f"{g.entries} entries of job {g.job!r} queue {g.queue!r} were made under another source identity "
+                            f"than today's {o.database!r} (key {g.key!r} has message id {g.message_id}): set "
+                            "jobs[].source.database to the one they were made with and run init again")
     if problems:
         raise TargetSchemaError(f"{connection!r}: the ledger made by an earlier qbridge cannot be converted, "
                                 "nothing was changed:\n  " + "\n  ".join(problems))
@@ -95,7 +104,8 @@ class Conversion:
 
     lock: list[sa.Executable]
     copy: list[sa.Executable]
-    swap: list[sa.Executable]
+    swap: list[sa.Executable]  # ends with `release`, then drops the old ledger
+    release: list[sa.Executable]  # what lets the writers in again when the conversion stops halfway
 
     @property
     def statements(self) -> list[sa.Executable]:
@@ -133,10 +143,9 @@ def conversion(dialect: sa.Dialect, schema: str | None, origins: list[QueueOrigi
     else:
         quote = dialect.identifier_preparer.quote
         swap = [sa.text(f"ALTER TABLE {q_old} RENAME TO {quote(OLD)}"), sa.text(f"ALTER TABLE {q_new} RENAME TO {quote(LEDGER)}")]
-    if mysql:
-        swap.append(sa.text("UNLOCK TABLES"))
-    swap.append(sa.text(f"DROP TABLE {q_renamed}"))
-    return Conversion(lock, copy, swap)
+    release: list[sa.Executable] = [sa.text("UNLOCK TABLES")] if mysql else []
+    swap += [*release, sa.text(f"DROP TABLE {q_renamed}")]
+    return Conversion(lock, copy, swap, release)
 
 
 def _resume(conn: sa.Connection, schema: str | None) -> None:
@@ -167,8 +176,8 @@ def convert(engine: sa.Engine, schema: str | None, origins: list[QueueOrigin], c
             groups = _groups(conn, schema)
         by_pair = {(o.job, o.queue): o for o in origins}
         _check(groups, by_pair, connection)
-        total = sum(g[2] for g in groups)
-        used = [by_pair[(g[0], g[1])] for g in groups]
+        total = sum(g.entries for g in groups)
+        used = [by_pair[(g.job, g.queue)] for g in groups]
         new = ledger_table(schema, name=NEW)
         with conn.begin():
             new.drop(conn, checkfirst=True)  # a conversion cut off before its swap
@@ -183,8 +192,8 @@ def convert(engine: sa.Engine, schema: str | None, origins: list[QueueOrigin], c
                 for step in steps.swap:
                     conn.execute(step)
         except BaseException:
-            if engine.dialect.name in ("mysql", "mariadb"):
-                conn.execute(sa.text("UNLOCK TABLES"))
+            for step in steps.release:
+                conn.execute(step)
             raise
     return total
 

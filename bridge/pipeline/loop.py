@@ -144,8 +144,9 @@ class JobRunner:
 
     def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> dict[Any, str]:
         """source key -> outcome, for those of `keys` already in the ledger."""
-        known = self.state.known(tconn, self.origins[source.queue], [str(k) for k in keys])
-        return {k: outcome for k in keys if (outcome := known.get(str(k))) is not None} if known else {}
+        texts = [str(k) for k in keys]
+        known = self.state.known(tconn, self.origins[source.queue], texts)
+        return {k: known[t] for k, t in zip(keys, texts) if t in known}
 
     def check(self) -> None:
         """Both databases answer, source tables look right, checkpoints exist; a clear error if not."""

@@ -20,6 +20,10 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
   (f) the floor, not a goal's reference: (d)'s pipe into the tables exactly-once must write, the
       transport's queue table (uuid primary key, seq) and qbridge's ledger (one row per message,
       keyed by origin and source key), in one transaction; f/d is what those tables cost the database itself,
+  (g) (a)'s own rows, not a goal's reference: right after (a), the transport rows and ledger entries
+      (a) wrote, piped as (d) pipes into same-shaped tables (the transport's and the ledger's
+      indexes included) in one transaction: what the database alone spends on exactly what qbridge
+      writes, as if reading and transforming cost nothing; g/d is a bound no transform can beat,
 and, after (a), `qbridge verify` of what it moved (time, peak RSS); (a) runs with the Spark driver's
 class-data archive in place (made first when missing, as a machine's first `migrate` does);
 each as its own process, sampling the summed RSS of its Python processes (driver and Spark's
@@ -27,7 +31,7 @@ Python workers; the JVM is not a Python process) every 100 ms, and the CPU secon
 processes by kind and of PostgreSQL's over the same time (on 2 cores beside the database, a CPU-
 bound engine's wall time is about its CPU seconds over 2: the line says how busy the cores were).
 Prints rows/s, a/d (time),
-a/e (rows/s), a/c, peak RSS, and where (a)'s time went. Goals (issue 12): a/d <= 3.0 at 500k
+a/e (rows/s), a/c, a/g and g/d (time), peak RSS, and where (a)'s time went. Goals (issue 12): a/d <= 3.0 at 500k
 and 1M, a >= c, a >= 5x e, peak RSS at 1M within 20% of 500k.
 """
 
@@ -162,6 +166,15 @@ def floor_statements(origin: int) -> list[tuple[str, str]]:
     ]
 
 
+# (g): what (a) wrote, table by table (the transport numbers `seq` itself, as in (a)).
+OWN_TABLES = ("Orders", "Orders.Delayed", "error", "qbridge_ledger")
+
+
+def own_rows_tables() -> list[str]:
+    """REF's tables for (g), the same as (a)'s in TGT: columns, defaults, keys and indexes."""
+    return [f'CREATE TABLE "{REF}"."{t}" (LIKE "{TGT}"."{t}" INCLUDING ALL)' for t in OWN_TABLES]
+
+
 def libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
@@ -201,6 +214,22 @@ def floor_pipe(url: str) -> None:
         for select, table in floor_statements(queue_origin("nginn", "LegacyDb", QUEUE)):
             with src.cursor().copy(f"COPY ({select}) TO STDOUT (FORMAT BINARY)") as out, \
                     dst.cursor().copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as into:
+                for block in out:
+                    into.write(block)
+        dst.commit()
+
+
+def own_rows_pipe(url: str) -> None:
+    """(g), in its own process: (d)'s binary pipe, carrying the rows (a) wrote into same-shaped
+    tables, in one transaction."""
+    with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
+        for table in OWN_TABLES:
+            columns = [name for (name,) in src.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+                "AND column_name <> 'seq' ORDER BY ordinal_position", (TGT, table))]
+            names = ", ".join(f'"{c}"' for c in columns)
+            with src.cursor().copy(f'COPY (SELECT {names} FROM "{TGT}"."{table}") TO STDOUT (FORMAT BINARY)') as out, \
+                    dst.cursor().copy(f'COPY "{REF}"."{table}" ({names}) FROM STDIN (FORMAT BINARY)') as into:
                 for block in out:
                     into.write(block)
         dst.commit()
@@ -353,7 +382,7 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
     subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
-ENGINES = "abcdef"
+ENGINES = "abcdefg"
 
 
 def seed_queue(url: str, n: int, seed: str = SEED) -> None:
@@ -397,12 +426,16 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         ("c", REF, [py, me, "--reference", url]),
         ("e", DLT, [py, me, "--dlt", url]),
         ("a", TGT, [py, "-m", "bridge.cli", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
+        ("g", REF, [py, me, "--own-rows", url]),  # reads what (a) wrote: after (a), before (b) replaces it
         ("b", TGT, [py, "-m", "bridge.cli", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
     ):
         if name not in engines:
             continue
+        if name == "g" and "a" not in results:
+            sys.exit("(g) pipes the rows (a) wrote: run it with (a) (--engines ag)")
         if schema == REF:
-            sql(url, f'DROP SCHEMA IF EXISTS "{REF}" CASCADE', f'CREATE SCHEMA "{REF}"', *REF_TABLES)
+            tables = own_rows_tables() if name == "g" else REF_TABLES
+            sql(url, f'DROP SCHEMA IF EXISTS "{REF}" CASCADE', f'CREATE SCHEMA "{REF}"', *tables)
         elif schema == DLT:
             sql(url, f'DROP SCHEMA IF EXISTS "{DLT}" CASCADE')
         else:
@@ -413,6 +446,9 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
             got, expected = count(url, f'"{REF}"."plain"'), ready
         elif name == "f":
             got, expected = count(url, f'"{REF}"."Orders"'), ready
+        elif name == "g":
+            got = sum(count(url, f'"{REF}"."{t}"') for t in ("Orders", "Orders.Delayed", "error"))
+            expected = moved
         elif name == "e":
             got, expected = count(url, f'"{DLT}"."m_queue1"'), n
         else:
@@ -436,10 +472,12 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
 
 def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
     print()
-    names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt", "f": "(f) floor"}
+    names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt", "f": "(f) floor",
+             "g": "(g) own rows"}
     present = [k for k in ENGINES if all(k in r for r in table.values())]
     head = f"{'N':>10} " + " ".join(f"{names[k]:>12}" for k in present)
-    ratios = [("a/d time", "a", "d"), ("a/f time", "a", "f"), ("f/d time", "f", "d"), ("a/c rate", "a", "c"),
+    ratios = [("a/d time", "a", "d"), ("a/f time", "a", "f"), ("f/d time", "f", "d"), ("a/g time", "a", "g"),
+              ("g/d time", "g", "d"), ("a/c rate", "a", "c"),
               ("a/e rate", "a", "e")]
     ratios = [r for r in ratios if r[1] in present and r[2] in present]
     head += "".join(f" {r[0]:>9}" for r in ratios) + "".join(f" {'RSS ' + k:>8}" for k in present)
@@ -472,15 +510,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[500_000, 1_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
-    p.add_argument("--engines", default="adfce", help="which of a, b, c, d, e, f to run (default a, c, d, e, f)")
+    p.add_argument("--engines", default="adfgce", help="which of a, b, c, d, e, f, g to run (default a, c, d, e, f, g)")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="run every engine R times per N, alternating, and report medians (for a noisy machine)")
     p.add_argument("--floor", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--plain", metavar="URL", help=argparse.SUPPRESS)
+    p.add_argument("--own-rows", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--dlt", metavar="URL", help=argparse.SUPPRESS)
     args = p.parse_args()
-    for flag, run in ((args.reference, reference), (args.plain, plain_pipe), (args.dlt, dlt_copy), (args.floor, floor_pipe)):
+    for flag, run in ((args.reference, reference), (args.plain, plain_pipe), (args.dlt, dlt_copy), (args.floor, floor_pipe),
+                      (args.own_rows, own_rows_pipe)):
         if flag:
             run(flag)
             return

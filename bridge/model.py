@@ -27,8 +27,6 @@ NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
 _NAMESPACE_BYTES = MESSAGE_ID_NAMESPACE.bytes
-_VERSION_5 = ~(0xF000 << 64) & ~(0xC000 << 48)
-_VERSION_5_BITS = (5 << 76) | (0x8000 << 48)
 
 
 def message_id_for(system: str, database: str, queue: str, key: str) -> uuid.UUID:
@@ -42,18 +40,23 @@ _SAFE_UNKNOWN = uuid.SafeUUID.unknown
 
 def message_ids(system: str, database: str, queue: str, keys: Sequence[str]) -> list[str]:
     """The text of the deterministic ids (UUIDv5 over their coordinates) of many keys of one queue,
-    as the ledger and NServiceBus.MessageId hold them: the queue's prefix is hashed once, and no
-    uuid.UUID is made (uuid.uuid5's keyword handling, UUID's checks and its `str` cost more than
-    the hash itself; tested equal)."""
+    as the ledger and NServiceBus.MessageId hold them: the queue's prefix is hashed once, and the
+    id is cut out of the digest's hex, its version and variant set by character (no uuid.UUID,
+    no integer arithmetic: 1.12 -> 0.72 us a key; tested equal to uuid.uuid5)."""
     base = hashlib.sha1(_NAMESPACE_BYTES + f"{system}/{database}/{queue}/".encode())
-    from_bytes = int.from_bytes
+    variant = _VARIANT_HEX
     texts: list[str] = []
+    append = texts.append
     for key in keys:
         h = base.copy()
         h.update(key.encode())
-        x = "%032x" % ((from_bytes(h.digest()[:16], "big") & _VERSION_5) | _VERSION_5_BITS)
-        texts.append(f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}")
+        x = h.hexdigest()
+        append(f"{x[:8]}-{x[8:12]}-5{x[13:16]}-{variant[x[16]]}{x[17:20]}-{x[20:32]}")
     return texts
+
+
+# RFC 4122's variant: the top two bits of byte 8 are 10, so its first hex digit is 8, 9, a or b.
+_VARIANT_HEX = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 
 
 def queue_origin(system: str, database: str, queue: str) -> int:

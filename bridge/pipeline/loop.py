@@ -415,6 +415,7 @@ class JobRunner:
         take_quarantined = lock and source.consumes_quarantined
         now = utcnow()
         oldest = None
+        ledger_target = self.target.ledger_target
         for row, key, mid in zip(rows, keys, ids):
             seen = known.get(key)
             if seen is not None:
@@ -440,9 +441,10 @@ class JobRunner:
                 stats.skipped += 1
             else:
                 outs.append(result)
-                entries.append(LedgerEntry(mid, key, "delivered", self.target.ledger_target(result)))
+                entries.append(LedgerEntry(mid, key, "delivered", ledger_target(result)))
                 stats.delivered += 1
-                oldest = sent if oldest is None else min(oldest, sent)
+                if oldest is None or sent < oldest:
+                    oldest = sent
             if lock and row.consumable:
                 consume.append(row.key)
         if oldest is not None:

@@ -179,13 +179,19 @@ def libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
 
+def pipe(src: psycopg.Connection, dst: psycopg.Connection, select: str, table: str, binary: bool = True) -> None:
+    """`COPY (select) TO STDOUT` on `src` streamed into `COPY table FROM STDIN` on `dst`, block by block."""
+    fmt = " (FORMAT BINARY)" if binary else ""
+    with src.cursor().copy(f"COPY ({select}) TO STDOUT{fmt}") as out, dst.cursor().copy(f"COPY {table} FROM STDIN{fmt}") as into:
+        for block in out:
+            into.write(block)
+
+
 def reference(url: str) -> None:
     """(c), run in its own process: one COPY-to-COPY pipe per destination table."""
     with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
         for select, table in REFERENCE:
-            with src.cursor().copy(f"COPY ({select}) TO STDOUT") as out, dst.cursor().copy(f"COPY {table} FROM STDIN") as into:
-                for block in out:
-                    into.write(block)
+            pipe(src, dst, select, table, binary=False)
         dst.commit()
 
 
@@ -193,10 +199,7 @@ def plain_pipe(url: str) -> None:
     """(d), in its own process: one binary COPY-to-COPY pipe, no transformation."""
     select, table = PLAIN
     with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
-        with src.cursor().copy(f"COPY ({select}) TO STDOUT (FORMAT BINARY)") as out, \
-                dst.cursor().copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as into:
-            for block in out:
-                into.write(block)
+        pipe(src, dst, select, table)
         dst.commit()
 
 
@@ -212,10 +215,7 @@ def floor_pipe(url: str) -> None:
     engine.dispose()
     with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
         for select, table in floor_statements(queue_origin("nginn", "LegacyDb", QUEUE)):
-            with src.cursor().copy(f"COPY ({select}) TO STDOUT (FORMAT BINARY)") as out, \
-                    dst.cursor().copy(f"COPY {table} FROM STDIN (FORMAT BINARY)") as into:
-                for block in out:
-                    into.write(block)
+            pipe(src, dst, select, table)
         dst.commit()
 
 
@@ -228,10 +228,7 @@ def own_rows_pipe(url: str) -> None:
                 "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
                 "AND column_name <> 'seq' ORDER BY ordinal_position", (TGT, table))]
             names = ", ".join(f'"{c}"' for c in columns)
-            with src.cursor().copy(f'COPY (SELECT {names} FROM "{TGT}"."{table}") TO STDOUT (FORMAT BINARY)') as out, \
-                    dst.cursor().copy(f'COPY "{REF}"."{table}" ({names}) FROM STDIN (FORMAT BINARY)') as into:
-                for block in out:
-                    into.write(block)
+            pipe(src, dst, f'SELECT {names} FROM "{TGT}"."{table}"', f'"{REF}"."{table}" ({names})')
         dst.commit()
 
 
@@ -446,9 +443,6 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
             got, expected = count(url, f'"{REF}"."plain"'), ready
         elif name == "f":
             got, expected = count(url, f'"{REF}"."Orders"'), ready
-        elif name == "g":
-            got = sum(count(url, f'"{REF}"."{t}"') for t in ("Orders", "Orders.Delayed", "error"))
-            expected = moved
         elif name == "e":
             got, expected = count(url, f'"{DLT}"."m_queue1"'), n
         else:

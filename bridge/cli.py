@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import ContextManager
 
 import orjson
 from rich.console import Console
@@ -20,6 +21,9 @@ from bridge.pipeline.loop import JobRunner, PassStats
 # Piped output (CI logs, `| less`) gets room for the summary tables instead of 80 columns.
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+LOCK_WAIT = 30.0  # seconds `sync` and `migrate` wait for a job's lock
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     s = cmd("sync", "one incremental pass over every queue of the job(s)")
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
     s.add_argument("--retries", type=int, default=5, help="attempts when a database is unreachable or a deadlock occurs (default 5)")
+    for c in (m, s):
+        c.add_argument("--lock-wait", type=float, default=LOCK_WAIT, metavar="SECONDS",
+                       help=f"how long to wait for a job another qbridge process holds (a `qbridge run`), then exit 1 "
+                            f"naming the holder (default {LOCK_WAIT:g})")
     r = cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
     r.add_argument("--listen", metavar="HOST:PORT", help="serve the status page on http://HOST:PORT/ and Prometheus metrics on /metrics (also [service] listen "
                    "in the config); an address other than loopback needs QBRIDGE_TOKEN")
@@ -144,11 +152,23 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _holding(args: argparse.Namespace, runners: list[JobRunner]) -> ContextManager[None]:
+    """The jobs' locks, which `qbridge run` takes too, for the whole command."""
+    from bridge.joblock import holding, identity
+
+    if args.lock_wait < 0:
+        raise UsageError("--lock-wait must be 0 or more seconds")
+    return holding([(r.target_engine, r.state.checkpoint.schema, r.job.name, r.job.target.connection) for r in runners],
+                   args.lock_wait,
+                   identity(args.command), attempts=args.retries)
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     from bridge.pipeline.inprocess import run_inprocess
 
     _, runners = _runners(args)
-    _summary(run_inprocess(runners, console=err, attempts=args.retries))
+    with _holding(args, runners):
+        _summary(run_inprocess(runners, console=err, attempts=args.retries))
     return 0
 
 
@@ -161,7 +181,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     master = args.master
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         master = "local[*]"
-    _summary(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows, attempts=args.retries))
+    with _holding(args, runners):
+        _summary(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows, attempts=args.retries))
     return 0
 
 

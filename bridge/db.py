@@ -133,12 +133,33 @@ def sqlstate(error: sa_exc.DBAPIError) -> str | None:
     return None
 
 
+# Native error codes of a duplicate key, where the SQLSTATE (23000) covers every integrity
+# error: MySQL/MariaDB ER_DUP_ENTRY, ER_DUP_ENTRY_WITH_KEY_NAME, ER_DUP_UNKNOWN_IN_INDEX; SQL
+# Server 2627 (unique constraint) and 2601 (unique index). pyodbc puts them in its message as "(N)".
+_DUPLICATE_NATIVE = (1062, 1586, 1859, 2601, 2627)
+_NATIVE_IN_TEXT = re.compile(r"\((\d{3,5})\)")
+# SQLite's extended result codes: SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_CONSTRAINT_UNIQUE.
+_SQLITE_DUPLICATE = (1555, 2067)
+
+
 def unique_violation(error: sa_exc.IntegrityError) -> bool:
-    """A duplicate key (not a NULL or check violation): another delivery of the same message."""
+    """A duplicate key (not a NULL, check or foreign-key violation): another delivery of the
+    same message. Told by the driver's error codes, never by the message text, which holds the
+    key's value (a key such as `checkout-1` or `null-7`)."""
+    orig = error.orig
+    code = getattr(orig, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code in _SQLITE_DUPLICATE
     state = sqlstate(error)
-    if state is not None:
-        return state in ("23505", "23000") and not re.search(r"null|check", str(error.orig), re.IGNORECASE)
-    return bool(re.search(r"unique|duplicate", str(error.orig), re.IGNORECASE))
+    if state is not None and state != "23000":
+        return state == "23505"  # PostgreSQL's unique_violation
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):  # PyMySQL, pymssql: (native code, message)
+        return args[0] in _DUPLICATE_NATIVE
+    if state == "23000":  # pyodbc: the native code is the last "(N)" before the driver's call name
+        codes = [int(c) for c in _NATIVE_IN_TEXT.findall(str(orig))]
+        return bool(codes) and codes[-1] in _DUPLICATE_NATIVE
+    return False
 
 
 def driver_not_installed(error: BaseException) -> bool:

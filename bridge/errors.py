@@ -57,3 +57,7 @@ class UnreadableBlob(BridgeError):
 
 class MigrationFailed(BridgeError):
     """A Spark task kept failing; what committed stays in the ledger and a re-run continues."""
+
+
+class JobBusy(BridgeError):
+    """Another qbridge process (a `qbridge run`, most often) holds the job's lock."""

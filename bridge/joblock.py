@@ -6,8 +6,12 @@ ends, so a `qbridge run` that dies (even by SIGKILL) frees its jobs at once and 
 them on its next tick; no lease to expire. SQLite has no server: an flock on a file beside the
 database does the same, released by the kernel when the process dies.
 
+`qbridge run` takes it per job and checks before each batch that it still holds it; `sync` and
+`migrate` take it for their whole run, waiting a while for a holder to finish.
+
 The lock is for orderly operation, not for correctness: two passes of one job still serialise
-on the checkpoint row, and the ledger refuses a second delivery.
+on the checkpoint row, pending keys are merged under that row's lock, and the ledger refuses a
+second delivery, so a holder that lost its lock without noticing yet doubles nothing.
 """
 
 from __future__ import annotations
@@ -17,18 +21,36 @@ import hashlib
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import sqlalchemy as sa
 
+from bridge.errors import JobBusy
+
 log = logging.getLogger("qbridge.run")
 # How this process names itself where others can see it (PostgreSQL's application_name).
-IDENTITY = f"qbridge run on {socket.gethostname()} pid {os.getpid()}"
+def identity(command: str) -> str:
+    return f"qbridge {command} on {socket.gethostname()} pid {os.getpid()}"
 
 
-def lock_name(job: str) -> str:
-    return f"qbridge.job.{job}"
+IDENTITY = identity("run")
+
+
+def lock_name(job: str, scope: str | None = None) -> str:
+    """The lock's name: per job and per place its state lives (two bridges with a job of the same
+    name in two schemas or databases of one server are two jobs). At most 64 characters, as
+    MySQL/MariaDB's GET_LOCK takes (a longer one is a digest)."""
+    name = f"qbridge.job.{scope}.{job}" if scope else f"qbridge.job.{job}"
+    return name if len(name) <= 64 else "qbridge.job." + hashlib.sha256(name.encode()).hexdigest()[:48]
+
+
+def state_scope(engine: sa.Engine, schema: str | None) -> str:
+    """Where a job's checkpoint lives: the database (GET_LOCK is server-wide) and the schema."""
+    return ".".join(p for p in (engine.url.database or "", schema or "") if p).replace("/", "_")
 
 
 def advisory_key(name: str) -> int:
@@ -41,7 +63,7 @@ def acquire_statement(dialect: str, name: str) -> tuple[str, dict[str, Any]]:
     if dialect == "postgresql":
         return "SELECT pg_try_advisory_lock(:key)", {"key": advisory_key(name)}
     if dialect in ("mysql", "mariadb"):
-        return "SELECT GET_LOCK(:name, 0)", {"name": name[:64]}
+        return "SELECT GET_LOCK(:name, 0)", {"name": name}
     if dialect == "mssql":
         return ("SET NOCOUNT ON; DECLARE @r int; EXEC @r = sp_getapplock @Resource = :name, @LockMode = 'Exclusive', "
                 "@LockOwner = 'Session', @LockTimeout = 0; SELECT CASE WHEN @r >= 0 THEN 1 ELSE 0 END"), {"name": name}
@@ -51,9 +73,11 @@ def acquire_statement(dialect: str, name: str) -> tuple[str, dict[str, Any]]:
 class JobLock:
     """The lock of one job in its target database, kept on a connection of its own."""
 
-    def __init__(self, engine: sa.Engine, job: str) -> None:
+    def __init__(self, engine: sa.Engine, job: str, who: str = IDENTITY, schema: str | None = None) -> None:
         self.engine = engine
-        self.name = lock_name(job)
+        self.who = who
+        # SQLite's lock is a file beside the database, scoped by its path already.
+        self.name = lock_name(job, None if engine.dialect.name == "sqlite" else state_scope(engine, schema))
         self._conn: sa.Connection | None = None
         self._file: IO[bytes] | None = None
 
@@ -84,12 +108,26 @@ class JobLock:
             raise
         if got in (1, True):
             if self.engine.dialect.name == "postgresql":  # so that `holder()` elsewhere can say who
-                conn.execute(sa.text("SELECT set_config('application_name', :n, false)"), {"n": IDENTITY[:63]})
+                conn.execute(sa.text("SELECT set_config('application_name', :n, false)"), {"n": self.who[:63]})
                 conn.commit()
             self._conn = conn
             return True
         conn.close()
         return False
+
+    def still_held(self) -> bool:
+        """Whether this process holds the lock now, without taking it: a session lock lives as
+        long as its connection, so a connection that no longer answers lost it (and is dropped)."""
+        if self._file is not None:
+            return True
+        if self._conn is None:
+            return False
+        try:
+            self._conn.exec_driver_sql("SELECT 1").scalar()
+            return True
+        except sa.exc.DBAPIError:
+            self.release()
+            return False
 
     def _flock(self) -> bool:
         if self._file is not None:
@@ -109,7 +147,7 @@ class JobLock:
     def holder(self) -> str:
         """Who holds the lock: this process, another one (named where the database can say), or nobody."""
         if self.held:
-            return f"this process ({IDENTITY})"
+            return f"this process ({self.who})"
         dialect = self.engine.dialect.name
         try:
             with self.engine.connect() as conn:
@@ -124,7 +162,7 @@ class JobLock:
                         return "nobody"
                     return f"{row[0] or 'a session'} (backend pid {row[2]}{f', from {row[1]}' if row[1] else ''})"
                 if dialect in ("mysql", "mariadb"):
-                    cid = conn.execute(sa.text("SELECT IS_USED_LOCK(:n)"), {"n": self.name[:64]}).scalar()
+                    cid = conn.execute(sa.text("SELECT IS_USED_LOCK(:n)"), {"n": self.name}).scalar()
                     return "nobody" if cid is None else f"another process (connection {cid})"
         except sa.exc.SQLAlchemyError as e:
             return f"unknown: {str(getattr(e, 'orig', e)).splitlines()[0]}"
@@ -142,3 +180,43 @@ class JobLock:
         if self._file is not None:
             f, self._file = self._file, None
             f.close()
+
+
+class LockLost(Exception):
+    """This process no longer holds a job's lock (its connection was cut): another may run it."""
+
+
+@contextmanager
+def holding(jobs: Sequence[tuple[sa.Engine, str | None, str, str]], wait: float, who: str, attempts: int = 5,
+            sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
+    """Holds the lock of every (target engine, state schema, job, connection name) while the caller runs
+    them, waiting up to `wait` seconds for each; JobBusy names the holder when one does not come
+    free. A database that does not answer is retried as every other step is."""
+    from bridge.db import describe
+    from bridge.retry import with_backoff
+
+    locks: list[JobLock] = []
+    try:
+        for engine, schema, job, connection in jobs:
+            lock = JobLock(engine, job, who, schema)
+            deadline = time.monotonic() + wait
+            waiting = False
+            while True:
+                try:
+                    got = with_backoff(lock.ensure, f"job {job}: taking its lock", attempts=attempts)
+                except sa.exc.SQLAlchemyError as e:
+                    raise describe(e, connection, engine.url.render_as_string(hide_password=False)) from None
+                if got:
+                    break
+                if time.monotonic() >= deadline:
+                    raise JobBusy(f"job {job!r} is held by {lock.holder()} (a `qbridge run`, most often, which runs it "
+                                  f"on its schedule); waited {wait:g}s. Stop that process, or wait longer with --lock-wait")
+                if not waiting:
+                    log.info("job=%s is held by %s; waiting up to %gs for it", job, lock.holder(), wait)
+                    waiting = True
+                sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            locks.append(lock)
+        yield
+    finally:
+        for lock in locks:
+            lock.release()

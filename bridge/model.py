@@ -18,6 +18,9 @@ Intent = Literal["Send", "Publish", "Reply"]
 
 # Every source message gets the same id on every run: it keys the ledger and becomes
 # NServiceBus.MessageId, so Outbox endpoints de-duplicate too.
+# The longest source key the ledger holds (its source_key column); a longer one is kept as its
+# digest (ledger_safe_key).
+LEDGER_KEY_MAX = 200
 MESSAGE_ID_NAMESPACE = uuid.UUID("4f1c2a7e-9b3d-5c8e-a1f0-6d2b7e9c3a51")
 
 
@@ -188,3 +191,11 @@ class PlainMessage(NamedTuple):
     headers: dict[str, str]
     body: bytes
     failure: FailureInfo | None = None  # set when failed
+
+
+def ledger_safe_key(key: str) -> str:
+    """`key` itself, or a digest of it when it is longer than the ledger's key column takes
+    (an NServiceBus.MessageId is any text the sender chose): the same key always maps alike."""
+    if len(key) <= LEDGER_KEY_MAX:
+        return key
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()

@@ -126,7 +126,7 @@ class QuarantineDesk:
         if version is not None:
             with r.source_engine.connect() as sconn, sconn.begin():
                 source.consume(sconn, consume)
-            self.state.clear_pending(r.target_engine, job, source.queue, version)
+            self.state.settle_pending(r.target_engine, job, source.queue, consume, version)
         log.info("job=%s queue=%s message %s %s (%s) by %s", job, q["queue"], q["message_id"], action, detail, self.actor)
         return Outcome(job, q["queue"], q["message_id"], q["source_key"], action, outcome, detail)
 

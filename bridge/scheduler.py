@@ -27,7 +27,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from bridge.config import JobConfig
 from bridge.db import is_retryable
 from bridge.errors import BridgeError
-from bridge.joblock import JobLock
+from bridge.joblock import JobLock, LockLost
 from bridge.pipeline.loop import JobRunner
 from bridge.timefmt import parse_duration
 
@@ -52,7 +52,7 @@ class JobWorker:
         self.runner = runner
         self.name = runner.job.name
         self.stopping = stopping
-        self.lock = JobLock(runner.target_engine, self.name)
+        self.lock = JobLock(runner.target_engine, self.name, schema=runner.state.checkpoint.schema)
         self.clock = clock
         self.failures = 0
         self.retry_at = 0.0
@@ -76,7 +76,16 @@ class JobWorker:
             if self.standing_by:
                 log.info("job=%s lock taken over; running", self.name)
                 self.standing_by = False
-            self._run()
+            try:
+                self._run()
+            except LockLost:
+                # Its connection was cut: a standby may run the job now. No batch of this one
+                # starts until the lock is taken again (passes already under way double nothing:
+                # the checkpoint row and the ledger serialise them).
+                log.warning("job=%s lost its lock (its database connection was cut); another qbridge run may hold "
+                            "the job now; standing by", self.name)
+                self.standing_by = True
+                return
             self.last_success = time.time()
             self.last_error = None
             if self.failures:
@@ -94,7 +103,11 @@ class JobWorker:
         for queue in runner.sources:
             if self.stopping.is_set():
                 return
-            runner.drain(queue, should_stop=self.stopping.is_set)
+            runner.drain(queue, should_stop=self.stopping.is_set, before_pass=self._confirm_lock)
+
+    def _confirm_lock(self) -> None:
+        if not self.lock.still_held():
+            raise LockLost(self.name)
 
     def _failed(self, e: Exception) -> None:
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()

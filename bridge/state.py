@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy import exc as sa_exc
 
+from bridge.model import LEDGER_KEY_MAX
 from bridge.pipeline.gaps import Gap
 from bridge.targets.bulk import insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
@@ -36,7 +37,7 @@ def ledger_table(schema: str | None, metadata: sa.MetaData | None = None, name: 
     return sa.Table(
         name, metadata or sa.MetaData(),
         sa.Column("origin", sa.BigInteger(), primary_key=True, autoincrement=False),
-        sa.Column("source_key", sa.String(200), primary_key=True),
+        sa.Column("source_key", sa.String(LEDGER_KEY_MAX), primary_key=True),
         sa.Column("message_id", sa.String(36), nullable=False),
         sa.Column("job", sa.String(128), nullable=False),
         sa.Column("queue", sa.String(128), nullable=False),
@@ -70,7 +71,7 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         sa.Column("message_id", sa.String(36), primary_key=True),
         sa.Column("job", sa.String(128), nullable=False),
         sa.Column("queue", sa.String(128), nullable=False),
-        sa.Column("source_key", sa.String(200), nullable=False),
+        sa.Column("source_key", sa.String(LEDGER_KEY_MAX), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("raw", sa.Text(), nullable=False),
         sa.Column("at", sa.DateTime(), nullable=False),
@@ -85,7 +86,7 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         sa.Column("job", sa.String(128), nullable=False),
         sa.Column("queue", sa.String(128), nullable=False),
         sa.Column("message_id", sa.String(36), nullable=False),
-        sa.Column("source_key", sa.String(200), nullable=False),
+        sa.Column("source_key", sa.String(LEDGER_KEY_MAX), nullable=False),
         sa.Column("action", sa.String(20), nullable=False),  # replayed | replay-failed | discarded
         sa.Column("outcome", sa.String(12), nullable=False),  # what the ledger says afterwards
         sa.Column("actor", sa.String(128), nullable=False),
@@ -111,6 +112,24 @@ class Checkpoint:
     last_run_at: datetime | None = None
     last_delivery_at: datetime | None = None
     lag_seconds: float | None = None
+
+
+def pending_key(key: Any) -> Any:
+    """A source key as it compares after a trip through the checkpoint's JSON (tuples become lists)."""
+    return tuple(key) if isinstance(key, list | tuple) else key
+
+
+def merge_pending(pending: Sequence[Any], keys: Sequence[Any]) -> list[Any]:
+    """The checkpoint's pending keys with `keys` added: merged, never overwritten, each once.
+    The list holds only keys delivered but not yet consumed (a batch's, until its source
+    commit; a dead pass's, until the next pass), so it stays bounded by a few batches."""
+    seen = {pending_key(k) for k in pending}
+    out = list(pending)
+    for k in keys:
+        if pending_key(k) not in seen:
+            seen.add(pending_key(k))
+            out.append(k)
+    return out
 
 
 class LedgerEntry(NamedTuple):  # one per message: a NamedTuple is the cheapest immutable record
@@ -203,19 +222,31 @@ class State:
             raise RuntimeError(f"checkpoint of {cp.job}/{cp.queue} changed under this pass; retrying")
         cp.version += 1
 
-    def clear_pending(self, engine: sa.Engine, job: str, queue: str, version: int) -> None:
+    def settle_pending(self, engine: sa.Engine, job: str, queue: str, keys: Sequence[Any], version: int) -> None:
+        """Takes `keys`, consumed from the source, off the checkpoint's pending list. Only what
+        was consumed leaves it: a key another pass added meanwhile (a pass that then died before
+        its own source commit) stays for the next pass to consume."""
+        if not keys:
+            return
         c = self.checkpoint
+        mine = (c.c.job == job, c.c.queue == queue)
         with engine.begin() as conn:
-            conn.execute(
-                sa.update(c).where(c.c.job == job, c.c.queue == queue, c.c.version == version).values(pending=None)
-            )
+            # Unchanged since the caller saved it, the list is exactly what the caller consumed.
+            if conn.execute(sa.update(c).where(*mine, c.c.version == version).values(pending=None)).rowcount == 1:
+                return
+            cp = self.lock_checkpoint(conn, job, queue)
+            done = {pending_key(k) for k in keys}
+            left = [k for k in cp.pending if pending_key(k) not in done]
+            if len(left) != len(cp.pending):
+                conn.execute(sa.update(c).where(*mine).values(pending=orjson.dumps(left).decode() if left else None,
+                                                              version=cp.version + 1))
 
     def add_pending(self, conn: sa.Connection, job: str, queue: str, keys: Sequence[Any]) -> tuple[list[Any], int]:
         """Adds source keys for the next pass to consume should this process die before it does
         (quarantine replay); returns every pending key and the checkpoint's new version."""
         cp = self.lock_checkpoint(conn, job, queue)
         c = self.checkpoint
-        pending = [*cp.pending, *keys]
+        pending = merge_pending(cp.pending, keys)
         conn.execute(sa.update(c).where(c.c.job == job, c.c.queue == queue)
                      .values(pending=orjson.dumps(pending).decode(), version=cp.version + 1))
         return pending, cp.version + 1

@@ -28,7 +28,7 @@ from bridge.model import message_id_for, message_ids, queue_origin
 from bridge.pipeline.gaps import Gap, expire, fill, holes
 from bridge.retry import with_backoff
 from bridge.sources import Source, SourceRow, Subscription, source_class
-from bridge.state import LedgerEntry, Quarantined, State
+from bridge.state import LedgerEntry, Quarantined, State, merge_pending
 from bridge.targets import target_class
 from bridge.targets.base import Skipped, Target
 from bridge.targets.nservicebus_target import NServiceBusTarget, transport_tables
@@ -180,15 +180,13 @@ class JobRunner:
     def run_pass(self, queue: str) -> PassStats:
         self._prepare(queue)
         move = self.job.mode == "move"
-        if move:
-            self._consume_pending(queue)
         started = time.monotonic()
         stats = PassStats(queue)
         source = self.sources[queue]
         consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
         if consume:
             faults.reached("after_source_commit")
-            self.state.clear_pending(self.target_engine, self.job.name, queue, self._version)
+            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._version)
         stats.seconds = time.monotonic() - started
         self._log(stats)
         return stats
@@ -206,17 +204,33 @@ class JobRunner:
                 stats.more = len(rows) >= job.batch_size
             else:
                 new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
-                still_open, given_up = expire(cp.gaps, now, job.window_seconds)
-                late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in still_open], lock)
+                # Every gap is read before any is given up: a row that committed inside the
+                # window but after the last pass looked (an outage, a sparse schedule, a long
+                # migration) is found on the pass that would otherwise drop its gap.
+                late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in cp.gaps], lock)
+                still_open, given_up = expire(fill(cp.gaps, [r.key for r in late]), now, job.window_seconds)
+                if given_up:
+                    # A committed row the skip-locked read stepped over (a receiver holds it) is
+                    # no gap to give up: its gap stays open until the row is read.
+                    held = source.keys_in(sconn, [(g.lo, g.hi) for g in given_up])
+                    kept = [g for g in given_up if any(g.lo <= k <= g.hi for k in held)]
+                    if kept:
+                        still_open += kept
+                        given_up = [g for g in given_up if g not in kept]
                 rows, consume, known = late + new, [], None
                 stats.more = len(new) >= job.batch_size
                 # Before the first row ever read, every id from 1 up may still commit late.
                 start = cp.high if cp.high is not None else 0
-                cp.gaps = fill(still_open, [r.key for r in late]) + holes(start, [r.key for r in new], now)
+                cp.gaps = still_open + holes(start, [r.key for r in new], now)
                 if new:
                     cp.high = new[-1].key
             consume += self._deliver(tconn, source, rows, lock, stats, known)
-            cp.pending = consume
+            if cp.pending:
+                # Delivered by a pass that died before its source commit (or is committing it
+                # now): read under the checkpoint's lock, kept in the list, consumed with ours.
+                log.info("job=%s queue=%s consuming %d source rows delivered by an interrupted pass",
+                         job.name, source.queue, len(cp.pending))
+            cp.pending = consume = merge_pending(cp.pending, consume)
             if stats.delivered:
                 cp.last_delivery_at = utcnow()
                 cp.lag_seconds = stats.lag_seconds
@@ -258,8 +272,12 @@ class JobRunner:
         source = self.sources[queue]
         result = RangeResult(PassStats(queue))
         cursor = after
-        if faults.attempt in (None, 0):  # a retried task has delivered some of its range already
+        # Per task attempt, not per runner (a Python worker, and its runner, serves many tasks):
+        # a retried attempt has delivered some of its range already, so it looks the ledger up.
+        if faults.attempt in (None, 0):
             self._optimistic.add(queue)
+        else:
+            self._optimistic.discard(queue)
         while True:
             rows = self._range_batch(source, cursor, upto, result.stats)
             now = time.time()
@@ -406,6 +424,9 @@ class JobRunner:
         ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
             known = self.state.known(tconn, self.origins[source.queue], keys)
+        # Each row's outcome goes into `known` as it is settled: a later copy of the same key in
+        # this batch (a reverse job's message an endpoint sent twice) counts as already there.
+        known = dict(known)
         lane = self.fast_lane and type(source).plain is not Source.plain and type(self.target).plain_envelope is not Target.plain_envelope
         outs: list[Any] = []
         entries: list[LedgerEntry] = []
@@ -431,6 +452,7 @@ class JobRunner:
                 if result is None:
                     quarantined.append(Quarantined(mid, key, reason, source.raw(row)))
                     entries.append(LedgerEntry(mid, key, "quarantined", None, reason))
+                    known[key] = "quarantined"
                     stats.quarantined += 1
                     if take_quarantined and row.consumable:
                         consume.append(row.key)
@@ -438,10 +460,12 @@ class JobRunner:
                 sent = msg.time_sent
             if isinstance(result, Skipped):
                 entries.append(LedgerEntry(mid, key, "skipped", None, result.reason))
+                known[key] = "skipped"
                 stats.skipped += 1
             else:
                 outs.append(result)
                 entries.append(LedgerEntry(mid, key, "delivered", ledger_target(result)))
+                known[key] = "delivered"
                 stats.delivered += 1
                 if oldest is None or sent < oldest:
                     oldest = sent
@@ -478,17 +502,6 @@ class JobRunner:
                           source.ledger_key(row))
             return None, None, f"unexpected {type(e).__name__}: {e}"
 
-    def _consume_pending(self, queue: str) -> None:
-        """A crash after the target commit left delivered rows unconsumed: consume them now."""
-        with self.target_engine.connect() as tconn:
-            cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
-        if cp is None or not cp.pending:
-            return
-        with self.source_engine.begin() as sconn:
-            n = self.sources[queue].consume(sconn, cp.pending)
-        log.info("job=%s queue=%s consumed %d source rows delivered by an interrupted pass", self.job.name, queue, n)
-        self.state.clear_pending(self.target_engine, self.job.name, queue, cp.version)
-
     def _log(self, s: PassStats) -> None:
         if self.on_batch is not None and s.read:
             self.on_batch(s)
@@ -501,10 +514,12 @@ class JobRunner:
             )
 
     # -- loops -----------------------------------------------------------------------------
-    def drain(self, queue: str, on_pass=None, should_stop=lambda: False) -> PassStats:
-        """Passes until the queue has no full batch left (or `should_stop` says so)."""
+    def drain(self, queue: str, on_pass=None, should_stop=lambda: False, before_pass=lambda: None) -> PassStats:
+        """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
+        runs before each (`qbridge run` checks there that it still holds the job)."""
         total = PassStats(queue)
         while True:
+            before_pass()
             stats = self.run_pass(queue)
             total.add(stats)
             if on_pass:

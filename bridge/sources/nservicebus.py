@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
-from bridge.model import CanonicalMessage
+from bridge.model import CanonicalMessage, ledger_safe_key
 from bridge.sources.base import Source, SourceRow
 from bridge.targets.nservicebus_target import transport_tables
 from bridge.timefmt import UTC, from_wire, utcnow
@@ -82,19 +82,24 @@ class NServiceBusSource(Source):
 
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
                     upto: int | None = None) -> list[SourceRow]:
-        """The head of the queue, then due-ordered delayed messages, at most `limit`, skip-locked.
+        """The head of the queue, then due-ordered delayed messages, skip-locked: `limit` queue
+        rows at most, and delayed ones in turn with them (up to a tenth as many again when the
+        queue is full), so a busy queue never keeps a due delayed message waiting.
         (`after`/`upto` do not apply: consumed rows leave the queue.)"""
         col = self.transport.column
         rows = [self._row(QUEUE, r[self.seq.name], r, col(self.queue_table, "Expires").name, None)
                 for r in conn.execute(self._locked(self.queue_table, self.seq, limit)).mappings()]
-        if len(rows) < limit:
-            due = col(self.delayed_table, "Due")
-            stmt = self._locked(self.delayed_table, due, limit - len(rows))
-            if self.due_only:  # the target cannot wait: leave a delayed message here until it is due
-                now = utcnow()
-                stmt = stmt.where(due <= (now if getattr(due.type, "timezone", False) else now.replace(tzinfo=None)))
-            for r in conn.execute(stmt).mappings():
-                rows.append(self._row(DELAYED, r[self.delayed_key.name], r, None, due.name))
+        # Senders keep their delayed messages in their own `.Delayed` table and move them into
+        # this queue when due (reference/nservicebus-target.md §1.4): what is here was put here
+        # by a writer outside NServiceBus's senders, which the transport's design allows.
+        room = max(1, limit // 10) if len(rows) >= limit else limit - len(rows)
+        due = col(self.delayed_table, "Due")
+        stmt = self._locked(self.delayed_table, due, room)
+        if self.due_only:  # the target cannot wait: leave a delayed message here until it is due
+            now = utcnow()
+            stmt = stmt.where(due <= (now if getattr(due.type, "timezone", False) else now.replace(tzinfo=None)))
+        for r in conn.execute(stmt).mappings():
+            rows.append(self._row(DELAYED, r[self.delayed_key.name], r, None, due.name))
         return rows
 
     def _row(self, kind: str, key: Any, r: Any, expires: str | None, due: str | None) -> SourceRow:
@@ -130,7 +135,7 @@ class NServiceBusSource(Source):
     def ledger_key(self, row: SourceRow) -> str:
         mid = row.values.get("_headers", {}).get(MESSAGE_ID)
         # A row whose headers cannot be read is kept under its place in the queue.
-        return mid if mid else f"{row.values['table']}#{row.values['key']}"
+        return ledger_safe_key(mid) if mid else f"{row.values['table']}#{row.values['key']}"
 
     def queued_keys(self, conn: sa.Connection) -> Iterator[str]:
         """The ledger key of every row in the proxy queue now (for verify), unlocked."""

@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, runners = _runners(args)
     listen = args.listen or (config.service.listen if config.service else None)
     if listen:
-        from bridge.metrics import parse_listen
+        from bridge.listen import parse_listen
 
         parse_listen(listen)  # a bad address is a usage error before anything starts
     return run_until_stopped(runners, listen, str(args.config))

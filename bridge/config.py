@@ -176,7 +176,7 @@ class ServiceConfig(BaseModel):
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:
-            from bridge.metrics import parse_listen
+            from bridge.listen import parse_listen
 
             try:
                 parse_listen(value)

@@ -10,7 +10,6 @@ durations, retries, lock ownership, last success, the last hour) is kept by the 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import os
 import threading
@@ -26,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bridge.errors import UsageError
+from bridge.listen import is_loopback, parse_listen
 from bridge.status_cache import StatusCache
 from bridge.statuspage import History, render
 
@@ -35,24 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("qbridge.metrics")
 TOKEN_ENV = "QBRIDGE_TOKEN"
 BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 in brackets); UsageError naming what is wrong."""
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port
-        raise UsageError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class BridgeCollector(Collector):

@@ -1,4 +1,4 @@
-"""`python -m bridge ...` is `qbridge ...`; also the file to hand to `spark-submit` (README)."""
+"""`python -m bridge ...` is `qbridge ...`; also the file to hand to `spark-submit` (docs/spark.md)."""
 
 import sys
 

@@ -88,7 +88,7 @@ def row_ids(n: int) -> list[uuid.UUID]:
     of Unix milliseconds, then random bits whose last 20 count up within the call. The
     PostgreSQL transport's primary key is the row id: growing ids insert at the right edge of
     its index, where random ones (the transport's own Guid.NewGuid, or a hashed message id)
-    land on any of its pages (bench/row_ids.py, 1M rows in batches: 11.1 s with hashed ids, 7.6 s)."""
+    land on any of its pages (a probe removed since, results in commit 8ded171 and docs/benchmarks.md: 1M rows in batches, 11.1 s with hashed ids, 7.6 s)."""
     out: list[uuid.UUID] = []
     step = 1 << _COUNTER_BITS
     for start in range(0, n, step):

@@ -152,8 +152,9 @@ def test_a_driver_handing_over_other_types_gets_the_same_outcome_both_ways(tmp_p
     source = runner.sources["MQueue1"]
     with runner.source_engine.connect() as conn:
         [row] = source.fetch_after(conn, None, 10, False)
-    odd = [row._replace(values={**row.values, column: value})
-           for column, value in (("label", 7), ("unique_id", b"raw"), ("correlation_id", 1.5), ("retry_count", True))]
+    # Each odd row under a key of its own: copies of one key in a batch count once (issue 25).
+    odd = [row._replace(key=row.key + i, values={**row.values, "id": row.key + i, column: value})
+           for i, (column, value) in enumerate((("label", 7), ("unique_id", b"raw"), ("correlation_id", 1.5), ("retry_count", True)))]
     results = []
     for fast in (True, False):
         runner.fast_lane = fast

@@ -32,7 +32,7 @@ def test_a_50_mb_body_and_10000_headers_arrive_intact(tmp_path: Path, pg_server:
 
 
 def test_batch_size_1_moves_every_row_exactly_once_on_spark_and_in_process(make) -> None:
-    """The 1M-row run is `bench/batch1.py`; here the same settings on a few hundred rows, with holes."""
+    """The 1M-row run was a probe since removed (docs/benchmarks.md); here the same settings on a few hundred rows, with holes."""
     import sqlalchemy as sa
 
     b = make(batch_size=1)

@@ -1,5 +1,5 @@
 """Secrets never leave qbridge in output, and every command but `init` runs with a PostgreSQL
-role that has no DDL rights (the grants README.md documents)."""
+role that has no DDL rights (the grants docs/security.md documents)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def qbridge(config: Path, *args: str, env: dict[str, str] | None = None) -> subp
 
 
 def grant_runtime(admin: sa.Engine, schema: str, role: str) -> None:
-    """README's grants for sync/run/verify/status on PostgreSQL (one schema for both sides here)."""
+    """docs/security.md's grants for sync/run/verify/status on PostgreSQL (one schema for both sides here)."""
     with admin.begin() as conn:
         for stmt in (
             f'GRANT USAGE ON SCHEMA "{schema}" TO {role}',

@@ -4,7 +4,7 @@ A batch makes tens of thousands of short-lived containers (rows, header dicts, t
 entries) that reference counting frees as the batch ends. At CPython's default threshold (a
 young-generation pass every 700 net new containers) the collector traverses the batch in flight
 again and again and, in its full passes, every object the imported libraries hold:
-`bench/unit_split.py` counts 2,109 passes taking 0.84 s of a 200k-row unit's 7.3 s, and none
+A probe since removed (commit 450edc1, docs/benchmarks.md) counted 2,109 passes taking 0.84 s of a 200k-row unit's 7.3 s, and none
 with this setting. Spark workers hold more (PySpark besides), so their passes cost more still.
 Cyclic garbage is still collected: at most 50,000 new containers of it wait for a pass."""
 

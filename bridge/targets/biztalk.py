@@ -5,7 +5,7 @@ The WCF-SQL adapter's polling mode runs `PolledDataAvailableStatement`, then `Po
 in the same transaction as it submits what the statement returned (`UseAmbientTransaction`),
 so a row is taken once. qbridge writes one row per message, with the body, BTS.MessageType and
 the NServiceBus headers BizTalk routes on as columns; `polling_statements` gives the two
-statements for a receive location (README, and `qbridge init --print-sql`).
+statements for a receive location (docs/reverse-jobs.md, and `qbridge init --print-sql`).
 """
 
 from __future__ import annotations

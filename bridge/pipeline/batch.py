@@ -1,0 +1,133 @@
+"""One batch: decode, map and write rows with their ledger entries in the caller's target
+transaction. Common-case rows take the fast lane (Source.plain, Target.plain_envelope, no
+CanonicalMessage); any other row, or any doubt, takes the validated path, which says what is
+wrong with a row it quarantines."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from bridge.db import unique_violation
+from bridge.errors import BadRow
+from bridge.model import message_ids
+from bridge.pipeline.job import JobSetup, LedgerConflict
+from bridge.pipeline.stats import PassStats
+from bridge.sources import Source, SourceRow
+from bridge.state import LedgerEntry, Quarantined
+from bridge.targets.base import Skipped, Target
+from bridge.timefmt import utcnow
+
+log = logging.getLogger("qbridge.batch")
+
+
+class Batch(JobSetup):
+    """The batch step of JobRunner."""
+
+    def _deliver(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+                 known: dict[str, str] | None = None) -> list:
+        """Decodes, maps and writes `rows` with their ledger entries in the caller's target
+        transaction; returns the keys move mode may consume once it commits."""
+        self.target.begin_batch(tconn)
+        mapped = time.perf_counter()
+        outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
+        stats.t_map += time.perf_counter() - mapped
+        try:
+            self.target.write(tconn, outs)
+            self.state.record(tconn, self.job.name, source.queue, self.origins[source.queue], entries, quarantined)
+        except sa_exc.IntegrityError as e:
+            if not unique_violation(e):
+                raise
+            raise LedgerConflict(
+                f"another qbridge process delivered messages of {source.queue!r} at the same time; the batch is rolled back and retried"
+            ) from None
+        return consume
+
+    def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+                 known: dict[str, str] | None = None
+                 ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
+        keys = [source.ledger_key(r) for r in rows]
+        ids = message_ids(source.system, self.database, source.queue, keys)
+        if known is None:  # scan passes looked their keys up already (and pass {})
+            known = self.state.known(tconn, self.origins[source.queue], keys)
+        # Each row's outcome goes into `known` as it is settled: a later copy of the same key in
+        # this batch (a reverse job's message an endpoint sent twice) counts as already there.
+        known = dict(known)
+        lane = self.fast_lane and type(source).plain is not Source.plain and type(self.target).plain_envelope is not Target.plain_envelope
+        outs: list[Any] = []
+        entries: list[LedgerEntry] = []
+        quarantined: list[Quarantined] = []
+        consume: list[Any] = []
+        translated = getattr(source, "translated_headers", frozenset())
+        take_quarantined = lock and source.consumes_quarantined
+        now = utcnow()
+        oldest = None
+        ledger_target = self.target.ledger_target
+        for row, key, mid in zip(rows, keys, ids):
+            seen = known.get(key)
+            if seen is not None:
+                stats.already += 1
+                if lock and row.consumable and (seen != "quarantined" or take_quarantined):
+                    consume.append(row.key)
+                continue
+            fast = self._plain(source, row, mid, translated) if lane else None
+            if fast is not None:
+                result, sent = fast
+            else:
+                msg, result, reason = self.map_row(source, row, translated)
+                if result is None:
+                    quarantined.append(Quarantined(mid, key, reason, source.raw(row)))
+                    entries.append(LedgerEntry(mid, key, "quarantined", None, reason))
+                    known[key] = "quarantined"
+                    stats.quarantined += 1
+                    if take_quarantined and row.consumable:
+                        consume.append(row.key)
+                    continue
+                sent = msg.time_sent
+            if isinstance(result, Skipped):
+                entries.append(LedgerEntry(mid, key, "skipped", None, result.reason))
+                known[key] = "skipped"
+                stats.skipped += 1
+            else:
+                outs.append(result)
+                entries.append(LedgerEntry(mid, key, "delivered", ledger_target(result)))
+                known[key] = "delivered"
+                stats.delivered += 1
+                if oldest is None or sent < oldest:
+                    oldest = sent
+            if lock and row.consumable:
+                consume.append(row.key)
+        if oldest is not None:
+            stats.lag_seconds = max(0.0, (now - oldest).total_seconds())
+        return outs, entries, quarantined, consume
+
+    def _plain(self, source: Source, row: SourceRow, message_id: str, translated: frozenset[str]
+               ) -> tuple[Any, Any] | None:
+        """(what the target makes of it, when it was sent) by the fast lane: no CanonicalMessage.
+        None when the row is not the common case, or anything at all goes wrong on the way: the
+        validated path (`map_row`) then reads it again and says what is wrong."""
+        try:
+            msg = source.plain(row, message_id)
+            if msg is None:
+                return None
+            out = self.target.plain_envelope(msg, translated)
+        except Exception:
+            return None
+        return None if out is None else (out, msg.time_sent)
+
+    def map_row(self, source: Source, row: SourceRow, translated: frozenset[str] = frozenset()
+                ) -> tuple[Any, Any, str]:
+        """(message, what the target makes of it, "") or (None, None, why it is quarantined)."""
+        try:
+            msg = source.decode(row)
+            return msg, self.target.envelope(msg, translated), ""
+        except BadRow as e:
+            return None, None, str(e)
+        except Exception as e:  # a bug must not block the rows behind it: keep the row, say why
+            log.exception("job=%s queue=%s key=%s: unexpected error while decoding", self.job.name, source.queue,
+                          source.ledger_key(row))
+            return None, None, f"unexpected {type(e).__name__}: {e}"

@@ -1,0 +1,168 @@
+"""A job's setup, built once per process: its engines, sources, target, state tables and the
+identities its messages are keyed by; the checks before its first pass; its subscriptions."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from bridge.config import Config, JobConfig
+from bridge.db import describe, engine_for
+from bridge.errors import RetryableError
+from bridge.identifiers import url_identity
+from bridge.ledger_upgrade import require_current
+from bridge.model import message_id_for, queue_origin
+from bridge.pipeline.stats import PassStats
+from bridge.sources import Source, SourceRow, Subscription, source_class
+from bridge.state import State
+from bridge.targets import target_class
+from bridge.targets.base import Target
+from bridge.targets.nservicebus_target import NServiceBusTarget, transport_tables
+from bridge.targets.writer import TargetWriter
+
+log = logging.getLogger("qbridge.batch")
+
+
+def database_identity(job: JobConfig, url: str) -> str:
+    """The name that, with system, queue and key, makes a message's deterministic id."""
+    return job.source.database or url_identity(url)
+
+
+
+class LedgerConflict(RetryableError):
+    """A message of the batch is in the ledger already: delivered by another pass or process."""
+
+
+
+class JobSetup:
+    """Everything one job needs, built once per process (the passes, units and batches of
+    bridge.pipeline.loop.JobRunner work on it)."""
+
+    def __init__(self, config: Config, job: JobConfig) -> None:
+        self.job = job
+        self.mapping = config.mapping(job)
+        self.source_url = config.connections[job.source.connection]
+        self.target_url = config.connections[job.target.connection]
+        self.source_engine = engine_for(self.source_url)
+        self.target_engine = engine_for(self.target_url)
+        self.target: Target = target_class(job.target.system)(job, self.target_url, self.mapping)
+        # The NServiceBus side's transport tables: the target of a forward job, the proxy
+        # queues (and SubscriptionRouting) of a reverse one.
+        if isinstance(self.target, NServiceBusTarget):
+            self.tables = self.target.transport
+        else:
+            assert job.source.flavor is not None
+            self.tables = transport_tables(job.source.flavor, job.source.schema_name, self.source_url, job.source.catalog)
+        self.writer = TargetWriter(self.tables)
+        self.state = State(self.target.state_schema)
+        self.database = database_identity(job, self.source_url)
+        cls = source_class(job.source.system)
+        self.sources: dict[str, Source] = {
+            q: cls(job, self.source_engine, q, self.database) for q in job.source.queues
+        }
+        # Each queue's name in the ledger's key (model.queue_origin).
+        self.origins: dict[str, int] = {q: queue_origin(job.source.system, self.database, q) for q in job.source.queues}
+        for source in self.sources.values():
+            source.configure(self.mapping)
+            source.due_only = not self.target.schedules
+        self._ready: set[str] = set()
+        self._ledger_checked = False
+        self._version = 0
+        # Queues whose planned ranges are taken to be new to the ledger: their batches insert
+        # without looking the ledger up first, and the ledger's primary key catches the rare
+        # message delivered already (the batch is then redone with the lookup, and so is the rest).
+        self._optimistic: set[str] = set()
+        self.on_batch: Any = None  # called with each committed batch's stats (qbridge run's metrics)
+        # Common-case rows skip the CanonicalMessage when source and target both have a fast lane
+        # (Source.plain, Target.plain_envelope); off, every row takes the validated path (tests
+        # compare the two).
+        self.fast_lane = True
+
+    def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
+        return message_id_for(source.system, self.database, source.queue, source.ledger_key(row))
+
+    def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> dict[Any, str]:
+        """source key -> outcome, for those of `keys` already in the ledger."""
+        texts = [str(k) for k in keys]
+        known = self.state.known(tconn, self.origins[source.queue], texts)
+        return {k: known[t] for k, t in zip(keys, texts) if t in known}
+
+    def check(self) -> None:
+        """Both databases answer, source tables look right, checkpoints exist; a clear error if not."""
+        job = self.job
+        try:
+            with self.source_engine.connect() as conn:
+                for source in self.sources.values():
+                    source.check_schema(conn)
+        except sa_exc.SQLAlchemyError as e:
+            raise describe(e, job.source.connection, self.source_url) from None
+        try:
+            for queue in self.sources:
+                self._prepare(queue)
+        except sa_exc.SQLAlchemyError as e:
+            raise describe(e, job.target.connection, self.target_url) from None
+
+    def check_ledger(self) -> None:
+        """Stops with what to do on a ledger an earlier qbridge made (once per process)."""
+        if not self._ledger_checked:
+            with self.target_engine.connect() as tconn:
+                require_current(tconn, self.state.ledger.schema, self.job.target.connection)
+            self._ledger_checked = True
+
+    def _prepare(self, queue: str) -> None:
+        self.check_ledger()
+        if queue not in self._ready:
+            self.state.ensure_checkpoint(self.target_engine, self.job.name, queue)
+            self._ready.add(queue)
+
+    def _log(self, s: PassStats) -> None:
+        if self.on_batch is not None and s.read:
+            self.on_batch(s)
+        if s.read or s.gaps_given_up:
+            log.info(
+                "job=%s queue=%s rows=%d delivered=%d skipped=%d quarantined=%d already=%d consumed=%d "
+                "open_gaps=%d lag=%s duration=%.3fs",
+                self.job.name, s.queue, s.read, s.delivered, s.skipped, s.quarantined, s.already, s.consumed,
+                s.gaps_open, "-" if s.lag_seconds is None else f"{s.lag_seconds:.3f}s", s.seconds,
+            )
+
+    def sync_subscriptions(self) -> int:
+        """Legacy subscriptions -> SubscriptionRouting; returns how many rows changed."""
+        if self.job.reverse:
+            return self._sync_proxy_subscriptions()
+        with self.source_engine.connect() as sconn:
+            subs = sorted({s for source in self.sources.values() for s in source.subscriptions(sconn)},
+                          key=lambda s: (s.endpoint, s.topic))
+        rows = []
+        for sub in subs:
+            endpoint = self.mapping.routes.get(sub.endpoint)
+            if endpoint is None:
+                continue  # a subscriber this job does not migrate; `verify` lists it
+            topic = self.mapping.map_topic(sub.topic)
+            rows.append((Subscription(endpoint=sub.endpoint, topic=topic), endpoint, self.tables.address(endpoint)))
+        if not rows:
+            return 0
+        with self.target_engine.begin() as tconn:
+            return self.writer.write_subscriptions(tconn, rows)
+
+    def _sync_proxy_subscriptions(self) -> int:
+        """Reverse jobs: a legacy subscriber served by a proxy queue subscribes that proxy queue,
+        so an NServiceBus `Publish` of the type reaches it through this job."""
+        proxies: dict[str, list[str]] = {}
+        for proxy in self.sources:
+            legacy = self.mapping.route([proxy])
+            if legacy is not None:
+                proxies.setdefault(legacy, []).append(proxy)
+        with self.target_engine.connect() as tconn:
+            subs = self.target.subscriptions(tconn)
+        rows = [(Subscription(endpoint=proxy, topic=self.mapping.map_topic(sub.topic)), proxy, self.tables.address(proxy))
+                for sub in subs for proxy in proxies.get(sub.endpoint, [])]
+        if not rows:
+            return 0
+        with self.source_engine.begin() as sconn:
+            return self.writer.write_subscriptions(sconn, rows)

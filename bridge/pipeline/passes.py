@@ -1,0 +1,157 @@
+"""Passes over one queue, by the source's cursor kind: after a checkpoint with id gaps
+(monotonic), the head of the queue (queue), or every key against the ledger (scan). A pass runs
+in two transactions: the source's (which, in move mode, holds the rows it read skip-locked) and
+the target's. Queue rows, ledger entries, quarantine rows and the moved checkpoint commit
+together in the target; only then are source rows consumed."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from bridge import faults
+from bridge.pipeline.batch import Batch
+from bridge.pipeline.gaps import Gap, expire, fill, holes
+from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
+from bridge.sources import Source, SourceRow
+from bridge.state import merge_pending
+from bridge.timefmt import utcnow
+
+log = logging.getLogger("qbridge.batch")
+
+
+class Passes(Batch):
+    """The passes of JobRunner (`sync --once`, `qbridge run`, the end of `migrate`)."""
+
+    def run_pass(self, queue: str) -> PassStats:
+        self._prepare(queue)
+        move = self.job.mode == "move"
+        started = time.monotonic()
+        stats = PassStats(queue)
+        source = self.sources[queue]
+        consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
+        if consume:
+            faults.reached("after_source_commit")
+            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._version)
+        stats.seconds = time.monotonic() - started
+        self._log(stats)
+        return stats
+
+    def _pass(self, sconn: sa.Connection, source: Source, stats: PassStats, lock: bool) -> list:
+        job = self.job
+        now = time.time()
+        with self.target_engine.connect() as tconn, tconn.begin():
+            cp = self.state.lock_checkpoint(tconn, job.name, source.queue)
+            given_up: list[Gap] = []
+            if source.cursor == "scan":
+                rows, stats.more, consume, known = self._scan(sconn, tconn, source, lock)
+            elif source.cursor == "queue":  # consumed as read: the head of the queue, skip-locked
+                rows, consume, known = source.fetch_after(sconn, None, job.batch_size, True), [], None
+                stats.more = len(rows) >= job.batch_size
+            else:
+                new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
+                # Every gap is read before any is given up: a row that committed inside the
+                # window but after the last pass looked (an outage, a sparse schedule, a long
+                # migration) is found on the pass that would otherwise drop its gap.
+                late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in cp.gaps], lock)
+                still_open, given_up = expire(fill(cp.gaps, [r.key for r in late]), now, job.window_seconds)
+                if given_up:
+                    # A committed row the skip-locked read stepped over (a receiver holds it) is
+                    # no gap to give up: its gap stays open until the row is read.
+                    held = source.keys_in(sconn, [(g.lo, g.hi) for g in given_up])
+                    kept = [g for g in given_up if any(g.lo <= k <= g.hi for k in held)]
+                    if kept:
+                        still_open += kept
+                        given_up = [g for g in given_up if g not in kept]
+                rows, consume, known = late + new, [], None
+                stats.more = len(new) >= job.batch_size
+                # Before the first row ever read, every id from 1 up may still commit late.
+                start = cp.high if cp.high is not None else 0
+                cp.gaps = still_open + holes(start, [r.key for r in new], now)
+                if new:
+                    cp.high = new[-1].key
+            consume += self._deliver(tconn, source, rows, lock, stats, known)
+            if cp.pending:
+                # Delivered by a pass that died before its source commit (or is committing it
+                # now): read under the checkpoint's lock, kept in the list, consumed with ours.
+                log.info("job=%s queue=%s consuming %d source rows delivered by an interrupted pass",
+                         job.name, source.queue, len(cp.pending))
+            cp.pending = consume = merge_pending(cp.pending, consume)
+            if stats.delivered:
+                cp.last_delivery_at = utcnow()
+                cp.lag_seconds = stats.lag_seconds
+            self.state.save_checkpoint(tconn, cp)
+            self._version = cp.version
+            faults.reached("before_target_commit")
+        stats.read = len(rows)
+        stats.gaps_open = len(cp.gaps)
+        stats.gaps_given_up = given_up
+        for gap in given_up:
+            log.info("job=%s queue=%s ids %d..%d never committed within %s; no longer waiting for them",
+                     job.name, source.queue, gap.lo, gap.hi, job.late_commit_window)
+        return consume
+
+    def _in_source_tx(self, source: Source, stats: PassStats, deliver) -> list:
+        """The two commits of a batch: `deliver(sconn)` reads in the source transaction and
+        commits the target; then move mode consumes what it returns, and the source commits."""
+        with self.source_engine.connect() as sconn:
+            stx = sconn.begin()
+            try:
+                consume = deliver(sconn)
+                faults.reached("after_target_commit")
+                if consume:
+                    stats.consumed = source.consume(sconn, consume)
+                stx.commit()
+            except BaseException:
+                stx.rollback()
+                raise
+        return consume
+
+    def _scan(self, sconn: sa.Connection, tconn: sa.Connection, source: Source, lock: bool
+              ) -> tuple[list[SourceRow], bool, list, dict[str, str]]:
+        """A source without an increasing key: walk every row's key, in chunks, and let the ledger
+        say which are new, until one batch of new keys is found (memory stays bounded by a chunk
+        and a batch, whatever the store holds). In move mode, rows delivered earlier but still
+        there are consumed."""
+        todo: list[Any] = []
+        leftovers: list[Any] = []
+        size = self.job.batch_size
+        more = False
+        keys = source.iter_keys(sconn)
+        try:
+            for chunk in chunked(keys, SCAN_CHUNK):
+                seen = self.ledger_lookup(tconn, source, chunk)
+                for k in chunk:
+                    outcome = seen.get(k)
+                    if outcome is None:
+                        if len(todo) < size:
+                            todo.append(k)
+                        else:
+                            more = True
+                    elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
+                        leftovers.append(k)
+                if more and not lock:
+                    break
+        finally:
+            close = getattr(keys, "close", None)
+            if close:
+                close()
+        # Every key in `todo` was unknown to the ledger: the batch needs no second lookup (a
+        # racing process is caught by the ledger's primary key, and the pass is retried).
+        return source.fetch_keys(sconn, todo, lock), more, leftovers, {}
+
+    def drain(self, queue: str, on_pass=None, should_stop=lambda: False, before_pass=lambda: None) -> PassStats:
+        """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
+        runs before each (`qbridge run` checks there that it still holds the job)."""
+        total = PassStats(queue)
+        while True:
+            before_pass()
+            stats = self.run_pass(queue)
+            total.add(stats)
+            if on_pass:
+                on_pass(stats)
+            if not stats.more or should_stop():
+                return total

@@ -1,0 +1,61 @@
+"""What a pass, a batch or a Spark unit did: counts, where its time went, the gaps it left."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.pipeline.gaps import Gap
+
+SCAN_CHUNK = 10_000  # keys a scan pass (or verify) holds at once
+
+
+def chunked(items: Any, size: int = SCAN_CHUNK) -> Any:
+    """Lists of up to `size` items from an iterable, streamed."""
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+
+@dataclass
+class PassStats:
+    queue: str
+    read: int = 0
+    delivered: int = 0
+    skipped: int = 0
+    quarantined: int = 0
+    already: int = 0  # found in the ledger: delivered by an earlier pass or process
+    consumed: int = 0
+    gaps_open: int = 0
+    gaps_given_up: list[Gap] = field(default_factory=list)
+    more: bool = False  # the batch was full: more rows wait
+    lag_seconds: float | None = None
+    seconds: float = 0.0
+    # where the seconds went: reading the source, decoding and mapping in Python, writing and committing
+    t_read: float = 0.0
+    t_map: float = 0.0
+    t_write: float = 0.0
+
+    def add(self, other: PassStats) -> None:
+        for name in ("read", "delivered", "skipped", "quarantined", "already", "consumed", "seconds", "t_read", "t_map", "t_write"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.gaps_open = other.gaps_open
+        self.gaps_given_up.extend(other.gaps_given_up)
+        if other.lag_seconds is not None:
+            self.lag_seconds = other.lag_seconds
+
+
+
+@dataclass
+class RangeResult:
+    """What one range or key list did, and the ids in it no row had (gaps to keep watching)."""
+
+    stats: PassStats
+    gaps: list[Gap] = field(default_factory=list)
+

@@ -1,0 +1,127 @@
+"""Spark's units of work: a range of ids, a list of keys, or a slice of a scan source's keys,
+each in batches without the queue's checkpoint. The ledger alone keeps a retried or duplicated
+unit from delivering twice; a first attempt inserts without looking the ledger up first and
+lets the ledger's key catch the rare message delivered already."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from bridge import faults
+from bridge.pipeline.job import LedgerConflict
+from bridge.pipeline.gaps import Gap, holes
+from bridge.pipeline.passes import Passes
+from bridge.pipeline.stats import PassStats, RangeResult
+from bridge.retry import with_backoff
+from bridge.sources import Source, SourceRow
+
+
+class Units(Passes):
+    """The Spark units of JobRunner."""
+
+    def run_range(self, queue: str, after: int | None, upto: int) -> RangeResult:
+        """Every row with `after < key <= upto`, in batches, without the queue's checkpoint:
+        the ledger alone keeps a retried or duplicated range from delivering twice. Ids in the
+        range that no row had are returned as gaps for the driver to keep watching."""
+        source = self.sources[queue]
+        result = RangeResult(PassStats(queue))
+        cursor = after
+        # Per task attempt, not per runner (a Python worker, and its runner, serves many tasks):
+        # a retried attempt has delivered some of its range already, so it looks the ledger up.
+        if faults.attempt in (None, 0):
+            self._optimistic.add(queue)
+        else:
+            self._optimistic.discard(queue)
+        while True:
+            rows = self._range_batch(source, cursor, upto, result.stats)
+            now = time.time()
+            keys = [r.key for r in rows]
+            start = cursor if cursor is not None else 0
+            result.gaps += holes(start, keys, now)
+            if len(rows) < self.job.batch_size:
+                last = keys[-1] if keys else start
+                if last < upto:
+                    result.gaps.append(Gap(last + 1, upto, now))
+                return result
+            cursor = keys[-1]
+
+    def _range_batch(self, source: Source, after: int | None, upto: int, total: PassStats) -> list[SourceRow]:
+        def batch() -> list[SourceRow]:
+            return self._batch_tx(source, lambda sconn, lock: source.fetch_after(sconn, after, self.job.batch_size, lock, upto=upto), total)
+
+        return with_backoff(batch, f"job {self.job.name} queue {source.queue} ids {after}..{upto}")
+
+    def run_keys(self, queue: str, keys: Sequence[Any]) -> RangeResult:
+        """A scan source's share of the work: these keys, in batches."""
+        source = self.sources[queue]
+        result = RangeResult(PassStats(queue))
+        size = self.job.batch_size
+        for start in range(0, len(keys), size):
+            chunk = keys[start:start + size]
+            with_backoff(lambda c=chunk: self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats),
+                         f"job {self.job.name} queue {queue} keys {chunk[0]}..{chunk[-1]}")
+        return result
+
+    def run_slice(self, queue: str, after: Any, upto: Any) -> RangeResult:
+        """A scan source's slice (keys sorted after `after`, up to `upto`): streamed in batches,
+        each looked up in the ledger, only the new ones read and delivered."""
+        source = self.sources[queue]
+        result = RangeResult(PassStats(queue))
+        size = self.job.batch_size
+        cursor = after
+        while True:
+            with self.source_engine.connect() as kconn:
+                chunk, last = source.slice_page(kconn, cursor, upto, size)
+            if not chunk:
+                return result
+            with self.target_engine.connect() as tconn:
+                known = self.ledger_lookup(tconn, source, chunk)
+            # Move mode reads the delivered ones too: they are still there to be consumed.
+            new = chunk if self.job.mode == "move" else [k for k in chunk if k not in known]
+            result.stats.already += len(chunk) - len(new)
+            if new:
+                with_backoff(lambda c=new: self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats),
+                             f"job {self.job.name} queue {queue} keys {new[0]}..{new[-1]}")
+            if len(chunk) < size:
+                return result
+            cursor = last
+
+    def _batch_tx(self, source: Source, fetch, total: PassStats) -> list[SourceRow]:
+        """One batch in the two transactions of a pass; `total` is only added to once it commits."""
+        lock = self.job.mode == "move"
+        stats = PassStats(source.queue)
+        started = time.monotonic()
+        rows: list[SourceRow] = []
+
+        def deliver(sconn: sa.Connection) -> list:
+            begun = time.perf_counter()
+            rows.extend(fetch(sconn, lock))
+            fetched = time.perf_counter()
+            stats.t_read += fetched - begun
+            while True:
+                optimistic = source.queue in self._optimistic
+                attempt = PassStats(source.queue)  # counts of a batch that rolls back are dropped
+                try:
+                    with self.target_engine.connect() as tconn, tconn.begin():
+                        consume = self._deliver(tconn, source, rows, lock, attempt, {} if optimistic else None)
+                        faults.reached("before_target_commit")
+                    break
+                except LedgerConflict:
+                    if not optimistic:
+                        raise
+                    self._optimistic.discard(source.queue)
+            stats.add(attempt)
+            stats.lag_seconds = attempt.lag_seconds
+            stats.t_write += time.perf_counter() - fetched - attempt.t_map
+            return consume
+
+        self._in_source_tx(source, stats, deliver)
+        stats.read = len(rows)
+        stats.seconds = time.monotonic() - started
+        self._log(stats)
+        total.add(stats)
+        return rows

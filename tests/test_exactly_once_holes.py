@@ -17,7 +17,7 @@ from bridge import faults
 from bridge.pipeline.loop import JobRunner
 from helpers import Bridge
 from nsb_endpoint import Endpoint
-from test_reverse_nginn import TwoWay
+from test_reverse_nginn import TwoWay, two_way  # noqa: F401 - two_way is a fixture
 
 
 def _once(b: Bridge, expected: int) -> None:
@@ -269,11 +269,8 @@ def test_run_stops_a_drain_when_its_lock_connection_is_cut(make, caplog) -> None
 
 # -- 3. one message twice in a reverse batch ---------------------------------------------------
 @pytest.fixture()
-def reverse(pg_server: str, pg_schema: str, pg_schema2: str, tmp_path: Path):
-    tw = TwoWay(tmp_path, pg_server, pg_schema, pg_schema2)
-    assert tw.cli("init") == 0
-    yield tw
-    tw.engine.dispose()
+def reverse(two_way) -> TwoWay:
+    return two_way()
 
 
 @pytest.mark.postgres

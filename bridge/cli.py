@@ -142,10 +142,22 @@ def cmd_init(args: argparse.Namespace) -> int:
                           "checking that every entry belongs to a queue of this config)", markup=False, highlight=False)
                 for stmt in upgrade:
                     out.print(stmt + sep + "\n", markup=False, highlight=False)
+            totals = provision.totals_upgrade_sql(p)
+            if totals:
+                out.print(f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_totals (made by an earlier "
+                          "qbridge), with every qbridge process stopped: count the ledger once into per-queue totals "
+                          "(`qbridge init` does this itself)", markup=False, highlight=False)
+                for stmt in totals:
+                    out.print(stmt + sep + "\n", markup=False, highlight=False)
             continue
-        converted = provision.convert_ledger(p, lambda line: err.print(line, markup=False, highlight=False))
+        say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+        converted = provision.convert_ledger(p, say)
         if converted is not None:
             out.print(f"{p.connection}: converted the ledger's {converted:,} entries to the (origin, source key) layout",
+                      markup=False, highlight=False)
+        counted = provision.add_ledger_totals(p, say)
+        if counted is not None:
+            out.print(f"{p.connection}: counted the ledger's {counted:,} entries into per-queue totals (qbridge_totals)",
                       markup=False, highlight=False)
         created, existing = provision.create_missing(p)
         out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "

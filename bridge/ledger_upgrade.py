@@ -20,8 +20,10 @@ import sqlalchemy as sa
 from bridge.errors import TargetSchemaError
 from bridge.model import message_id_for, queue_origin
 from bridge.state import LEDGER, LEDGER_COLUMNS, ledger_table
+from bridge.totals import TOTALS, Totals, totals_table
 
 NEW, OLD = LEDGER + "_new", LEDGER + "_old"
+TOTALS_NEW = TOTALS + "_new"
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,67 @@ def earlier_layout(conn: sa.Connection, schema: str | None) -> bool:
     return "origin" not in {c["name"] for c in insp.get_columns(LEDGER, schema=schema)}
 
 
+def without_totals(conn: sa.Connection, schema: str | None) -> bool:
+    """Whether the ledger there exists but the totals beside it (bridge.totals) do not yet."""
+    insp = sa.inspect(conn)
+    return insp.has_table(LEDGER, schema=schema) and not insp.has_table(TOTALS, schema=schema)
+
+
 def require_current(conn: sa.Connection, schema: str | None, connection: str) -> None:
+    where = f"{schema}.{LEDGER}" if schema else LEDGER
     if earlier_layout(conn, schema):
-        where = f"{schema}.{LEDGER}" if schema else LEDGER
         raise TargetSchemaError(
             f"the ledger {where!r} in {connection!r} was made by an earlier qbridge (keyed by message id); "
             "stop every qbridge process using it and run `qbridge init -c CONFIG` once to convert it")
+    if without_totals(conn, schema):
+        raise TargetSchemaError(
+            f"the ledger {where!r} in {connection!r} has no per-queue totals beside it (made by an earlier qbridge); "
+            "stop every qbridge process using it and run `qbridge init -c CONFIG` once to add them (it counts the ledger once)")
+
+
+def totals_sql(dialect: sa.Dialect, schema: str | None) -> list[sa.Executable]:
+    """The ledger counted once into `qbridge_totals_new` (already created), then renamed into
+    place: a cut-off run leaves only the `_new` table, which the next one starts again. Writers
+    of this qbridge refuse to run until `qbridge_totals` is there; the ledger is locked against
+    earlier ones while it is counted."""
+    md = sa.MetaData()
+    new = totals_table(schema, md, name=TOTALS_NEW)
+    q_ledger, q_new = _name(dialect, schema, LEDGER), _name(dialect, schema, TOTALS_NEW)
+    steps: list[sa.Executable] = []
+    if dialect.name == "postgresql":
+        steps.append(sa.text(f"LOCK TABLE {q_ledger} IN SHARE MODE"))
+    mysql = dialect.name in ("mysql", "mariadb")
+    if mysql:
+        steps.append(sa.text(f"LOCK TABLES {q_ledger} READ, {q_new} WRITE"))
+    steps.append(Totals(new).seed(ledger_table(schema, md)))
+    if mysql:
+        steps.append(sa.text("UNLOCK TABLES"))
+    steps.append(_rename(dialect, schema, TOTALS_NEW, TOTALS))
+    return steps
+
+
+def add_totals(engine: sa.Engine, schema: str | None, connection: str, say: Callable[[str], None] = lambda _: None) -> int | None:
+    """Adds the totals beside a ledger that has none; returns how many entries it counted (None: nothing to do)."""
+    new = totals_table(schema, sa.MetaData(), name=TOTALS_NEW)
+    with engine.connect() as conn:
+        with conn.begin():
+            if not without_totals(conn, schema) or earlier_layout(conn, schema):
+                return None
+            n = conn.execute(sa.select(sa.func.count()).select_from(ledger_table(schema, sa.MetaData()))).scalar_one()
+        say(f"{connection}: counting the ledger's {n:,} entries into per-queue totals")
+        with conn.begin():
+            new.drop(conn, checkfirst=True)  # a run cut off before its rename
+            new.create(conn)
+        steps = totals_sql(engine.dialect, schema)
+        try:
+            with conn.begin():
+                for step in steps:
+                    conn.execute(step)
+        except BaseException:
+            if engine.dialect.name in ("mysql", "mariadb"):
+                conn.execute(sa.text("UNLOCK TABLES"))
+            raise
+    return int(n)
 
 
 def _old(schema: str | None) -> sa.TableClause:
@@ -116,6 +173,13 @@ def _name(dialect: sa.Dialect, schema: str | None, table: str) -> str:
     return dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
 
 
+def _rename(dialect: sa.Dialect, schema: str | None, table: str, to: str) -> sa.TextClause:
+    if dialect.name == "mssql":
+        prefix = f"{schema}." if schema else ""
+        return sa.text(f"EXEC sp_rename N'{prefix}{table}', N'{to}'")
+    return sa.text(f"ALTER TABLE {_name(dialect, schema, table)} RENAME TO {dialect.identifier_preparer.quote(to)}")
+
+
 def conversion(dialect: sa.Dialect, schema: str | None, origins: list[QueueOrigin]) -> Conversion:
     old, new = _old(schema), ledger_table(schema, name=NEW)
     q_old, q_new, q_renamed = _name(dialect, schema, LEDGER), _name(dialect, schema, NEW), _name(dialect, schema, OLD)
@@ -136,13 +200,7 @@ def conversion(dialect: sa.Dialect, schema: str | None, origins: list[QueueOrigi
         copy.append(sa.insert(new).from_select(["origin", *cols], select))
     # Renamed into place rather than created under the final name: PostgreSQL's and SQL
     # Server's index names are per schema, and the old key's index still holds the name.
-    if name == "mssql":
-        prefix = f"{schema}." if schema else ""
-        swap: list[sa.Executable] = [sa.text(f"EXEC sp_rename N'{prefix}{LEDGER}', N'{OLD}'"),
-                                     sa.text(f"EXEC sp_rename N'{prefix}{NEW}', N'{LEDGER}'")]
-    else:
-        quote = dialect.identifier_preparer.quote
-        swap = [sa.text(f"ALTER TABLE {q_old} RENAME TO {quote(OLD)}"), sa.text(f"ALTER TABLE {q_new} RENAME TO {quote(LEDGER)}")]
+    swap: list[sa.Executable] = [_rename(dialect, schema, LEDGER, OLD), _rename(dialect, schema, NEW, LEDGER)]
     release: list[sa.Executable] = [sa.text("UNLOCK TABLES")] if mysql else []
     swap += [*release, sa.text(f"DROP TABLE {q_renamed}")]
     return Conversion(lock, copy, swap, release)

@@ -15,9 +15,10 @@ import sqlalchemy as sa
 from bridge.config import Config, JobConfig
 from bridge.db import dialect_for, engine_for
 from bridge.errors import TargetSchemaError
-from bridge.ledger_upgrade import NEW, QueueOrigin, conversion, convert
+from bridge.ledger_upgrade import NEW, TOTALS_NEW, QueueOrigin, add_totals, conversion, convert, totals_sql
 from bridge.pipeline.loop import database_identity
 from bridge.state import ledger_table, state_tables
+from bridge.totals import totals_table
 from bridge.targets import target_class
 from bridge.targets.base import Target
 from bridge.targets.nservicebus import create_statements
@@ -110,13 +111,15 @@ def conversion_sql(p: TargetPlan) -> list[str]:
         return []
     dialect = dialect_for(p.url)
     new = ledger_table(p.schema, name=NEW)
-    steps = [_literal(s, dialect) for s in conversion(dialect, p.schema, p.origins).statements]
-    # One transaction from the lock to the drop (PostgreSQL takes LOCK TABLE only inside one);
+    return [*create_statements([new], dialect), *_one_transaction(dialect, conversion(dialect, p.schema, p.origins).statements)]
+
+
+def _one_transaction(dialect: sa.Dialect, statements: list[sa.Executable]) -> list[str]:
+    # One transaction from the lock to the end (PostgreSQL takes LOCK TABLE only inside one);
     # MariaDB's DDL commits by itself, and its LOCK TABLES holds the writers off instead.
+    steps = [_literal(s, dialect) for s in statements]
     begin = {"postgresql": "BEGIN", "sqlite": "BEGIN IMMEDIATE", "mssql": "BEGIN TRANSACTION"}.get(dialect.name)
-    if begin:
-        steps = [begin, *steps, "COMMIT"]
-    return [*create_statements([new], dialect), *steps]
+    return [begin, *steps, "COMMIT"] if begin else steps
 
 
 def _literal(stmt: sa.Executable, dialect: sa.Dialect) -> str:
@@ -128,6 +131,22 @@ def convert_ledger(p: TargetPlan, say: Callable[[str], None]) -> int | None:
     if not p.has_state:
         return None
     return convert(engine_for(p.url), p.schema, p.origins, p.connection, say)
+
+
+def add_ledger_totals(p: TargetPlan, say: Callable[[str], None]) -> int | None:
+    """Adds the per-queue totals beside a ledger an earlier qbridge made without them (None: nothing to do)."""
+    if not p.has_state:
+        return None
+    return add_totals(engine_for(p.url), p.schema, p.connection, say)
+
+
+def totals_upgrade_sql(p: TargetPlan) -> list[str]:
+    """For a DBA: the statements that add the totals beside such a ledger."""
+    if not p.has_state:
+        return []
+    dialect = dialect_for(p.url)
+    new = totals_table(p.schema, sa.MetaData(), name=TOTALS_NEW)
+    return [*create_statements([new], dialect), *_one_transaction(dialect, totals_sql(dialect, p.schema))]
 
 
 def create_missing(p: TargetPlan) -> tuple[list[str], list[str]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,7 @@ from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.base import Skipped
 from bridge.timefmt import naive_utc, utcnow
+from bridge.totals import counted
 
 log = logging.getLogger("qbridge.quarantine")
 
@@ -66,6 +68,7 @@ class QuarantineDesk:
         self.state = runner.state
         self.actor = actor
         self.why = why
+        self._origins: dict[str, int] = {}  # message id -> its ledger entry's origin, while it is settled
         self.state.audit.create(runner.target_engine, checkfirst=True)  # a database set up before the audit trail existed
 
     def replay(self, ids: list[str] | None) -> list[Outcome]:
@@ -166,11 +169,17 @@ class QuarantineDesk:
         return action, outcome, detail, version, consume
 
     def _still_quarantined(self, tconn: sa.Connection, q: dict[str, Any]) -> bool:
-        """Locks the ledger entry; False when someone settled it since it was listed."""
-        stmt = sa.select(self.state.ledger.c.outcome).where(self._entry(q))
+        """Locks the ledger entry; False when someone settled it since it was listed. Keeps the
+        entry's origin for the totals its settling moves."""
+        l = self.state.ledger
+        stmt = sa.select(l.c.outcome, l.c.origin).where(self._entry(q))
         if tconn.dialect.name != "sqlite":
             stmt = stmt.with_for_update()
-        return tconn.execute(stmt).scalar_one_or_none() == "quarantined"
+        row = tconn.execute(stmt).first()
+        if row is None or row[0] != "quarantined":
+            return False
+        self._origins[q["message_id"]] = int(row[1])
+        return True
 
     def _entry(self, q: dict[str, Any]) -> sa.ColumnElement[bool]:
         """The ledger entry of a quarantined message, by its key. A message quarantined under
@@ -198,6 +207,9 @@ class QuarantineDesk:
         tconn.execute(sa.update(s.ledger).where(self._entry(q))
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
                               at=naive_utc(utcnow())))
+        moved = Counter({("quarantined", None): -1})
+        moved[counted(outcome, ledger_reason)] += 1
+        s.totals.add(tconn, self.runner.job.name, q["queue"], self._origins.pop(q["message_id"]), moved)
         self._audit(tconn, q, action, outcome, detail)
         tconn.execute(sa.delete(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]))
 

@@ -20,12 +20,12 @@ from bridge.model import LEDGER_KEY_MAX
 from bridge.pipeline.gaps import Gap
 from bridge.targets.bulk import insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
+from bridge.totals import Totals, batch_counts, totals_table
 
 LEDGER = "qbridge_ledger"
 CHECKPOINT = "qbridge_checkpoint"
 QUARANTINE = "qbridge_quarantine"
 AUDIT = "qbridge_quarantine_audit"
-OUTCOMES = ("delivered", "skipped", "quarantined")
 LEDGER_COLUMNS = ("origin", "source_key", "message_id", "job", "queue", "outcome", "target", "reason", "at")
 
 
@@ -98,7 +98,8 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         sa.Index("ix_qbridge_quarantine_audit_job", "job", "at"),
         schema=schema,
     )
-    return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit}
+    return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit,
+            "totals": totals_table(schema, md)}
 
 
 @dataclass
@@ -154,9 +155,10 @@ class State:
     def __init__(self, schema: str | None) -> None:
         t = state_tables(schema)
         self.ledger, self.checkpoint, self.quarantine, self.audit = t["ledger"], t["checkpoint"], t["quarantine"], t["audit"]
+        self.totals = Totals(t["totals"])
 
     def all_tables(self) -> list[sa.Table]:
-        return [self.ledger, self.checkpoint, self.quarantine, self.audit]
+        return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table]
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:
@@ -278,6 +280,7 @@ class State:
                  (e.reason or None) and e.reason[:500], now)
                 for e in entries
             ])
+            self.totals.add(conn, job, queue, origin, batch_counts(entries))
         if quarantined:
             insert_rows(conn, self.quarantine, [
                 {"message_id": str(q.message_id), "job": job, "queue": queue, "source_key": q.source_key,
@@ -286,25 +289,12 @@ class State:
             ])
 
     def counts(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
-        """queue -> outcome -> count, from the ledger, for the job's queues `origins` name."""
-        l = self.ledger
-        out: dict[str, dict[str, int]] = {}
-        stmt = (sa.select(l.c.queue, l.c.outcome, sa.func.count()).where(l.c.origin.in_(list(origins)), l.c.job == job)
-                .group_by(l.c.queue, l.c.outcome))
-        for queue, outcome, n in conn.execute(stmt):
-            out.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[outcome] = int(n)
-        return out
+        """queue -> outcome -> count, for the job's queues `origins` name (from the totals, not the ledger)."""
+        return self.totals.counts(conn, job, origins)
 
     def skip_reasons(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
         """queue -> the mapping rule that skipped messages -> how many."""
-        l = self.ledger
-        stmt = (sa.select(l.c.queue, l.c.reason, sa.func.count())
-                .where(l.c.origin.in_(list(origins)), l.c.job == job, l.c.outcome == "skipped")
-                .group_by(l.c.queue, l.c.reason))
-        out: dict[str, dict[str, int]] = {}
-        for queue, reason, n in conn.execute(stmt):
-            out.setdefault(queue, {})[reason or "(no reason recorded)"] = int(n)
-        return out
+        return self.totals.skip_reasons(conn, job, origins)
 
     def ledger_keys(self, conn: sa.Connection, job: str, origin: int, numeric: bool = False) -> Iterable[tuple[str, str]]:
         """(source key, outcome) of a job's queue, streamed; `numeric` orders them by the key as a number."""

@@ -19,6 +19,7 @@ from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
 from bridge.sources import Source, SourceRow
 from bridge.state import merge_pending
 from bridge.timefmt import utcnow
+from bridge.totals import FOLD_EVERY
 
 log = logging.getLogger("qbridge.batch")
 
@@ -85,6 +86,8 @@ class Passes(Batch):
                 cp.lag_seconds = stats.lag_seconds
             self.state.save_checkpoint(tconn, cp)
             self._version = cp.version
+            if cp.version % FOLD_EVERY == 0:  # under the checkpoint lock, which serialises the folders
+                self.state.totals.fold(tconn, job.name, source.queue, self.origins[source.queue])
             faults.reached("before_target_commit")
         stats.read = len(rows)
         stats.gaps_open = len(cp.gaps)

@@ -113,10 +113,9 @@ def _count(runner: JobRunner, source: Any) -> int:
 
 def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
     """Every unit of the queue succeeded: move its checkpoint past the planned keys and keep
-    the ids no unit found as gaps, so rows that commit late there are still read."""
+    the ids no unit found as gaps, so rows that commit late there are still read; fold the
+    totals its units' batches added."""
     runner, queue = plan.runner, plan.queue
-    if plan.high is None and not gaps:
-        return
 
     def move() -> None:
         with runner.target_engine.begin() as tconn:
@@ -125,6 +124,7 @@ def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
                 cp.high = plan.high
             cp.gaps = sorted(set(cp.gaps) | set(gaps), key=lambda g: (g.lo, g.hi, g.since))
             runner.state.save_checkpoint(tconn, cp)
+            runner.state.totals.fold(tconn, runner.job.name, queue, runner.origins[queue])  # the units' rows, one per batch
 
     with_backoff(move, f"job {runner.job.name} queue {queue}: saving the checkpoint")
 

@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     qa.add_argument("--why", metavar="TEXT", help="why (kept in the audit trail; say it for discard)")
     qa.add_argument("--by", metavar="NAME", help="who, for the audit trail (default: the login name)")
     qa.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    lg = cmd("ledger", "the ledger's upkeep: `prune` removes entries older than ledger_retention whose source rows are gone")
+    lg.add_argument("action", choices=["prune"], help="prune: scan sources' and reverse jobs' entries that can no longer matter")
+    lg.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    lg.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ins = cmd("inspect", "decode legacy blobs saved to files and print what qbridge reads from them", config=False, job=False)
     ins.add_argument("kind", choices=sorted(INSPECTORS), help="what the file holds")
     ins.add_argument("files", nargs="+", metavar="FILE", help="the blob (several for biztalk-part: the fragments in order)")
@@ -129,26 +133,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     plans = provision.plan(config, config.select(args.job))
     for p in plans:
         if args.print_sql:
-            out.print(f"-- connection {p.connection!r}: {p.label}", markup=False, highlight=False)
-            for stmt in provision.ddl(p):
-                sep = "\nGO" if p.backend == "mssql" else ";"
-                out.print(stmt + sep + "\n", markup=False, highlight=False)
-            for note in provision.notes(p):
-                out.print(note + "\n", markup=False, highlight=False)
-            upgrade = provision.conversion_sql(p)
-            if upgrade:
-                out.print(f"-- Only where {p.connection!r} has a qbridge_ledger made by qbridge before its (origin, source_key) "
-                          "key, and with every qbridge process stopped: convert it (`qbridge init` does this itself, after "
-                          "checking that every entry belongs to a queue of this config)", markup=False, highlight=False)
-                for stmt in upgrade:
-                    out.print(stmt + sep + "\n", markup=False, highlight=False)
-            totals = provision.totals_upgrade_sql(p)
-            if totals:
-                out.print(f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_totals (made by an earlier "
-                          "qbridge), with every qbridge process stopped: count the ledger once into per-queue totals "
-                          "(`qbridge init` does this itself)", markup=False, highlight=False)
-                for stmt in totals:
-                    out.print(stmt + sep + "\n", markup=False, highlight=False)
+            for line in provision.sql_for_dba(p):
+                out.print(line, markup=False, highlight=False)
             continue
         say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
         converted = provision.convert_ledger(p, say)
@@ -354,6 +340,23 @@ def _quarantine_history(args: argparse.Namespace) -> int:
             reason = h["detail"] if h["action"] == "replay-failed" else h["reason"]  # the reason it has now, or had
             t.add_row(h["at"][:19].replace("T", " "), f"{j['job']}/{h['queue']}", h["message_id"], did, h["actor"],
                       h["why"] or "", reason)
+    out.print(t)
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from bridge.prune import prune
+
+    _, runners = _runners(args)
+    results = [p for r in runners for p in prune(r, dry_run=args.dry_run)]
+    if args.json:
+        sys.stdout.write(orjson.dumps({"dry_run": args.dry_run, "queues": [p.as_dict() for p in results]}).decode() + "\n")
+        return 0
+    t = Table(title="qbridge ledger prune" + (" (dry run: nothing removed)" if args.dry_run else ""))
+    for col in ("job", "queue", "older than retention", "would remove" if args.dry_run else "removed", "source row still there"):
+        t.add_column(col, justify="left" if col in ("job", "queue") else "right")
+    for p in results:
+        t.add_row(p.job, p.queue, str(p.looked_at), str(p.removed), str(p.still_in_source))
     out.print(t)
     return 0
 

@@ -136,17 +136,27 @@ class JobConfig(BaseModel):
     batch_size: int = Field(default=1000, ge=1, le=20_000)
     # How long an id gap may stay open before qbridge stops waiting for a late commit.
     late_commit_window: str = "15m"
+    # How long a scan source's or a reverse job's ledger entry is kept once its source row is
+    # gone (as the NServiceBus Outbox keeps its deduplication data); never shorter than the window.
+    ledger_retention: str = "7d"
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name(value, "job name")
 
-    @field_validator("late_commit_window")
+    @field_validator("late_commit_window", "ledger_retention")
     @classmethod
     def _window(cls, value: str) -> str:
         parse_duration(value)
         return value
+
+    @model_validator(mode="after")
+    def _retention_covers_the_window(self) -> JobConfig:
+        if parse_duration(self.ledger_retention) < parse_duration(self.late_commit_window):
+            raise ValueError(f"ledger_retention {self.ledger_retention!r} is shorter than late_commit_window "
+                             f"{self.late_commit_window!r}: an entry must outlive the wait for a late commit")
+        return self
 
     @model_validator(mode="after")
     def _reverse_moves(self) -> JobConfig:
@@ -159,6 +169,10 @@ class JobConfig(BaseModel):
     @property
     def window_seconds(self) -> float:
         return parse_duration(self.late_commit_window)
+
+    @property
+    def retention_seconds(self) -> float:
+        return parse_duration(self.ledger_retention)
 
     @property
     def reverse(self) -> bool:

@@ -162,3 +162,22 @@ def create_missing(p: TargetPlan) -> tuple[list[str], list[str]]:
             t.create(conn, checkfirst=True)
     created = [n for n in p.names if n not in existing]
     return created, existing
+
+
+def sql_for_dba(p: TargetPlan) -> list[str]:
+    """`qbridge init --print-sql`: what init would create, and the upgrades of an earlier ledger
+    it would run, each with the conditions under which a DBA should run it."""
+    sep = "\nGO" if p.backend == "mssql" else ";"
+    lines = [f"-- connection {p.connection!r}: {p.label}", *(stmt + sep + "\n" for stmt in ddl(p)), *(n + "\n" for n in notes(p))]
+    upgrades = (
+        (conversion_sql(p), f"-- Only where {p.connection!r} has a qbridge_ledger made by qbridge before its (origin, "
+                            "source_key) key, and with every qbridge process stopped: convert it (`qbridge init` does this "
+                            "itself, after checking that every entry belongs to a queue of this config)"),
+        (totals_upgrade_sql(p), f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_totals (made by an "
+                                "earlier qbridge), with every qbridge process stopped: count the ledger once into per-queue "
+                                "totals (`qbridge init` does this itself)"),
+    )
+    for statements, when in upgrades:
+        if statements:
+            lines += [when, *(stmt + sep + "\n" for stmt in statements)]
+    return lines

@@ -22,6 +22,7 @@ class QueueBooks:
     missing: int = 0  # read past, yet in no outcome: the books do not balance
     backlog: int = 0
     source_gone: int = 0  # in the ledger, no longer in the source (legacy cleanup)
+    pruned: int = 0  # entries removed once their source rows were gone and older than ledger_retention
     missing_keys: list[str] = field(default_factory=list)
     skipped_by_rule: dict[str, int] = field(default_factory=dict)
     deep: dict[str, Any] | None = None  # `verify --deep`: content compared with the source
@@ -53,11 +54,12 @@ class JobBooks:
 def verify(runner: JobRunner, deep: bool = False) -> JobBooks:
     runner.check_ledger()
     books = _books(runner)
-    rules = runner.state.skip_reasons
     with runner.target_engine.connect() as tconn:
-        by_rule = rules(tconn, runner.job.name, runner.origins.values())
+        by_rule = runner.state.skip_reasons(tconn, runner.job.name, runner.origins.values())
+        counts = runner.state.counts(tconn, runner.job.name, runner.origins.values())
     for b in books.queues:
         b.skipped_by_rule = by_rule.get(b.queue, {})
+        b.pruned = counts.get(b.queue, {}).get("pruned", 0)
     if deep:
         from bridge.deep import deep_compare
 
@@ -164,7 +166,7 @@ def _queue_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, 
     counts = runner.state.counts(tconn, runner.job.name, [runner.origins[source.queue]]).get(source.queue, {})
     for outcome, n in counts.items():
         setattr(b, outcome, n)
-    b.source_rows = sum(counts.values())
+    b.source_rows = b.delivered + b.skipped + b.quarantined
     for keys in _chunks(source.queued_keys(sconn)):
         known = runner.ledger_lookup(tconn, source, keys)
         b.pending += len(known)

@@ -35,6 +35,7 @@ log = logging.getLogger("qbridge.run")
 
 DEFAULT_EVERY = "10s"  # a job without a schedule in `qbridge run`
 MAX_BACKOFF = 60.0
+PRUNE_LIMIT = 10_000  # ledger entries looked at per queue per pruning round of `qbridge run`
 
 
 def trigger_for(job: JobConfig) -> BaseTrigger:
@@ -62,6 +63,7 @@ class JobWorker:
         self.last_success: float | None = None  # epoch seconds of the last run without an error
         self.retries: dict[str, int] = {}  # failed runs retried, by error class
         self.last_error: str | None = None  # the first line of the last failure, until a run succeeds
+        self.prune_at = 0.0  # when the ledger is next pruned (clock seconds)
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
@@ -104,6 +106,21 @@ class JobWorker:
             if self.stopping.is_set():
                 return
             runner.drain(queue, should_stop=self.stopping.is_set, before_pass=self._confirm_lock)
+        if self.clock() >= self.prune_at and not self.stopping.is_set():
+            self._prune()
+
+    def _prune(self) -> None:
+        """Ledger entries that can no longer matter, a bounded number per round (bridge.prune)."""
+        from bridge.prune import prune
+
+        every = max(60.0, min(3600.0, self.runner.job.retention_seconds / 10))
+        self.prune_at = self.clock() + every
+        try:
+            prune(self.runner, limit=PRUNE_LIMIT)
+        except Exception as e:  # noqa: BLE001 - pruning waits for its next round; moving messages goes on
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+            log.warning("job=%s pruning the ledger failed (%s); trying again in %.0fs", self.name,
+                        reason[0] if reason else type(e).__name__, every)
 
     def _confirm_lock(self) -> None:
         if not self.lock.still_held():

@@ -23,6 +23,7 @@ from bridge.timefmt import naive_utc, utcnow
 
 TOTALS = "qbridge_totals"
 OUTCOMES = ("delivered", "skipped", "quarantined")
+PRUNED = "pruned"  # entries removed from the ledger (bridge.prune): counted, never taken off an outcome
 COLUMNS = ("origin", "job", "queue", "outcome", "reason", "n", "at")
 FOLD_EVERY = 50  # passes of a queue between folds: at most ~50 batches' rows wait to be folded
 
@@ -63,13 +64,13 @@ class Totals:
             insert_values(conn, self.table, COLUMNS, rows)
 
     def counts(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
-        """queue -> outcome -> count."""
+        """queue -> outcome (and `pruned`) -> count."""
         t = self.table
         out: dict[str, dict[str, int]] = {}
         stmt = (sa.select(t.c.queue, t.c.outcome, sa.func.sum(t.c.n)).where(t.c.origin.in_(list(origins)), t.c.job == job)
                 .group_by(t.c.queue, t.c.outcome))
         for queue, outcome, n in conn.execute(stmt):
-            out.setdefault(queue, dict.fromkeys(OUTCOMES, 0))[outcome] = int(n)
+            out.setdefault(queue, {**dict.fromkeys(OUTCOMES, 0), PRUNED: 0})[outcome] = int(n)
         return out
 
     def skip_reasons(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:

@@ -1,0 +1,134 @@
+"""Ledger entries that can no longer matter are pruned (issue 27): a scan source's or a reverse
+job's entry once its source row is gone and it is older than ledger_retention; never one whose
+row is still there, a quarantined one, or an NGinn one; the totals keep counting."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from test_openjms_source import Jms, make_jms
+from test_reverse_nginn import two_way  # noqa: F401 - a fixture
+
+
+def entries(b) -> int:
+    with b.target.connect() as conn:
+        return conn.execute(sa.text(f'select count(*) from "{b.target_schema}".qbridge_ledger')).scalar_one()
+
+
+def with_retention(b, retention: str) -> None:
+    text = b.config.read_text().replace('late_commit_window = "15m"', f'late_commit_window = "1s"\nledger_retention = "{retention}"')
+    b.config.write_text(text)
+
+
+@pytest.fixture()
+def moved(request, tmp_path: Path, pg_server: str, pg_schema: str):
+    """An OpenJMS queue in move mode whose 6 handles were delivered and consumed; retention 2 s."""
+    for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, queues=["orders"], mode="move"):
+        with_retention(j, "2s")
+        for i in range(6):
+            j.queue_message(f"ID:m-{i}")
+        assert j.cli("sync", "--once") == 0
+        assert j.count_rows("message_handles") == 0 and entries(j) == 6
+        yield j
+
+
+@pytest.mark.postgres
+def test_entries_whose_rows_are_gone_go_once_older_than_the_retention(moved: Jms, capsys) -> None:
+    j = moved
+    capsys.readouterr()
+    assert j.cli("ledger", "prune", "--json") == 0  # too young
+    assert json.loads(capsys.readouterr().out)["queues"][0]["removed"] == 0 and entries(j) == 6
+    time.sleep(2.1)
+    assert j.cli("ledger", "prune", "--dry-run", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dry_run"] and report["queues"][0] == {"job": "job1", "queue": "orders", "looked_at": 6, "removed": 6,
+                                                         "still_in_source": 0}
+    assert entries(j) == 6
+    assert j.cli("ledger", "prune") == 0
+    assert "removed" in capsys.readouterr().out
+    assert entries(j) == 0
+    assert j.cli("status", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["jobs"][0]["rows_moved"] == 6  # the totals keep counting
+    assert j.cli("verify", "--json") == 0
+    q = json.loads(capsys.readouterr().out)["jobs"][0]["queues"][0]
+    assert q["pruned"] == 6 and q["missing"] == 0
+
+
+@pytest.mark.postgres
+def test_an_entry_whose_row_is_still_there_stays_whatever_its_age(request, tmp_path: Path, pg_server: str, pg_schema: str,
+                                                                   capsys) -> None:
+    for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, queues=["orders"]):  # copy mode
+        with_retention(j, "1s")
+        for i in range(3):
+            j.queue_message(f"ID:c-{i}")
+        assert j.cli("sync", "--once") == 0
+        time.sleep(1.1)
+        capsys.readouterr()
+        assert j.cli("ledger", "prune", "--json") == 0
+        assert json.loads(capsys.readouterr().out)["queues"][0]["still_in_source"] == 3
+        assert entries(j) == 3
+        assert j.cli("sync", "--once") == 0  # and nothing is delivered twice
+        assert j.count("Orders") == 3
+
+
+@pytest.mark.postgres
+def test_quarantined_and_nginn_entries_are_never_pruned(make, capsys) -> None:
+    from bridge.samples import nginn_row
+
+    b = make(mode="move")
+    with_retention(b, "1s")
+    now = b.now_local()
+    b.insert([nginn_row("MQueue1", 1, now), nginn_row("MQueue1", 2, now, headers="Filter=a=b")])
+    assert b.cli("sync", "--once") == 0
+    time.sleep(1.1)
+    assert b.cli("ledger", "prune") == 0
+    assert entries(b) == 2
+
+
+@pytest.mark.postgres
+def test_qbridge_run_prunes_on_its_own_schedule(moved: Jms) -> None:
+    from bridge.scheduler import JobWorker
+
+    time.sleep(2.1)
+    worker = JobWorker(moved.runner(), threading.Event())
+    try:
+        worker.tick()
+        assert entries(moved) == 0
+        assert worker.prune_at > worker.clock() + 30  # the next round is a while away
+    finally:
+        worker.lock.release()
+
+
+def test_a_retention_shorter_than_the_late_commit_window_is_a_config_error(tmp_path: Path, capsys) -> None:
+    from helpers import Bridge
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    b.config.write_text(b.config.read_text().replace('late_commit_window = "15m"', 'late_commit_window = "15m"\nledger_retention = "10m"'))
+    assert b.cli("status") == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "ledger_retention '10m' is shorter than late_commit_window '15m'" in err
+
+
+@pytest.mark.postgres
+def test_a_reverse_jobs_entries_go_once_their_messages_left_the_proxy_queue(two_way, capsys) -> None:
+    from nsb_endpoint import Endpoint
+
+    tw = two_way()
+    tw.write_config(schedule='late_commit_window = "1s"\nledger_retention = "2s"')
+    ep = Endpoint(tw.engine, tw.nsb_schema, "Orders")
+    for i in range(3):
+        ep.send(ep.address("Sender"), ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send"), b'{"a":1}')
+    assert tw.cli("sync", "--once", "--job", "to-legacy") == 0
+    time.sleep(2.1)
+    capsys.readouterr()
+    assert tw.cli("ledger", "prune", "--job", "to-legacy", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["queues"][0]["removed"] == 3
+    assert tw.cli("verify", "--job", "to-legacy", "--json") == 0
+    q = json.loads(capsys.readouterr().out)["jobs"][0]["queues"][0]
+    assert (q["delivered"], q["pruned"], q["backlog"]) == (3, 3, 0)

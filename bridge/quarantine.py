@@ -126,7 +126,7 @@ class QuarantineDesk:
             return failed(str(e))
         if action == "not-quarantined":
             return self._gone(q)
-        if version is not None:
+        if consume:
             with r.source_engine.connect() as sconn, sconn.begin():
                 source.consume(sconn, consume)
             self.state.settle_pending(r.target_engine, job, source.queue, consume, version)
@@ -136,8 +136,8 @@ class QuarantineDesk:
     def _deliver(self, q: dict[str, Any], queue: str, result: Any, reason: str, consume: list[Any]
                  ) -> tuple[str, str, str, int | None, list[Any]]:
         """One target transaction: the message written, its ledger entry settled, the audit line,
-        the legacy key left for consuming; returns with the checkpoint version that holds it and
-        every key pending there (an earlier replay's or pass's, cut off before it consumed)."""
+        the legacy key left for consuming; returns with the key to consume (none if it stays
+        quarantined) and the checkpoint version for settling it (None: others' keys pend too)."""
         r = self.runner
         version = None
         r._prepare(queue)
@@ -163,7 +163,12 @@ class QuarantineDesk:
                 self._settle(tconn, q, "replayed", "delivered", where or "", target=where, ledger_reason=None)
                 action, outcome, detail = "replayed", "delivered", where or ""
             if outcome != "quarantined" and consume:
-                consume, version = self.state.add_pending(tconn, r.job.name, queue, consume)
+                # Only its own key is consumed here; others' pending keys are left to the next
+                # pass's _consume_pending (so the settle takes the fast path only if it is alone).
+                pending, version = self.state.add_pending(tconn, r.job.name, queue, consume)
+                version = version if len(pending) == len(consume) else None
+            else:
+                consume = []
             faults.reached("replay_before_commit")
         faults.reached("replay_after_commit")
         return action, outcome, detail, version, consume

@@ -224,24 +224,31 @@ class State:
             raise RuntimeError(f"checkpoint of {cp.job}/{cp.queue} changed under this pass; retrying")
         cp.version += 1
 
-    def settle_pending(self, engine: sa.Engine, job: str, queue: str, keys: Sequence[Any], version: int) -> None:
+    def settle_pending(self, engine: sa.Engine, job: str, queue: str, keys: Sequence[Any], version: int | None) -> None:
         """Takes `keys`, consumed from the source, off the checkpoint's pending list. Only what
-        was consumed leaves it: a key another pass added meanwhile (a pass that then died before
-        its own source commit) stays for the next pass to consume."""
+        was consumed leaves it: a key another pass added (a pass that then died before its own
+        source commit) stays for the next pass to consume. `version`: the checkpoint's version
+        when the caller saved a list holding `keys` alone (None when it held others' too)."""
         if not keys:
             return
         c = self.checkpoint
         mine = (c.c.job == job, c.c.queue == queue)
         with engine.begin() as conn:
             # Unchanged since the caller saved it, the list is exactly what the caller consumed.
-            if conn.execute(sa.update(c).where(*mine, c.c.version == version).values(pending=None)).rowcount == 1:
+            if version is not None and conn.execute(
+                    sa.update(c).where(*mine, c.c.version == version).values(pending=None)).rowcount == 1:
                 return
-            cp = self.lock_checkpoint(conn, job, queue)
-            done = {pending_key(k) for k in keys}
-            left = [k for k in cp.pending if pending_key(k) not in done]
-            if len(left) != len(cp.pending):
-                conn.execute(sa.update(c).where(*mine).values(pending=orjson.dumps(left).decode() if left else None,
-                                                              version=cp.version + 1))
+            self.drop_pending(conn, self.lock_checkpoint(conn, job, queue), keys)
+
+    def drop_pending(self, conn: sa.Connection, cp: Checkpoint, keys: Sequence[Any]) -> None:
+        """Takes `keys` off the pending list of `cp`, locked in the caller's transaction."""
+        done = {pending_key(k) for k in keys}
+        left = [k for k in cp.pending if pending_key(k) not in done]
+        if len(left) != len(cp.pending):
+            c = self.checkpoint
+            conn.execute(sa.update(c).where(c.c.job == cp.job, c.c.queue == cp.queue)
+                         .values(pending=orjson.dumps(left).decode() if left else None, version=cp.version + 1))
+            cp.pending, cp.version = left, cp.version + 1
 
     def add_pending(self, conn: sa.Connection, job: str, queue: str, keys: Sequence[Any]) -> tuple[list[Any], int]:
         """Adds source keys for the next pass to consume should this process die before it does

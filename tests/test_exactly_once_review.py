@@ -1,8 +1,8 @@
 """A second review of the exactly-once fixes of issue 25 (commit b4b7ae5): interleavings of two
 passes, a pass and a quarantine replay, and crash points between the two commits of a batch.
 
-The tests marked xfail reproduce what the review found (see each reason); the others guard the
-interleavings that were tried and hold, so that a later change keeps them holding.
+The first three reproduce what the review found (they failed on b4b7ae5, fixed since); the others
+guard the interleavings that were tried and hold, so that a later change keeps them holding.
 """
 
 from __future__ import annotations
@@ -56,13 +56,6 @@ class Died(Exception):
 
 # -- findings --------------------------------------------------------------------------------
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=True, reason=(
-    "review finding 1: the merged pending list is consumed in one `id IN (...)` statement "
-    "(NGinnSource.consume, NServiceBusSource.consume are not chunked): after a few source commits "
-    "that failed, it exceeds the driver's parameter limit (65535 on PostgreSQL; 2100 on SQL Server, "
-    "where batch_size 2000 is allowed, so one failure is enough), every later pass commits its "
-    "target and then fails in the consume, the list grows by a batch per pass, and the delivered "
-    "rows stay 'I' for good"))
 def test_pending_keys_of_failed_source_commits_are_consumed_once_the_source_answers_again(make, monkeypatch) -> None:
     b = make(mode="move", batch_size=20000)
     _bulk(b, 70000)
@@ -90,13 +83,6 @@ def test_pending_keys_of_failed_source_commits_are_consumed_once_the_source_answ
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=True, reason=(
-    "review finding 2: `_pass` now reads every gap, expired ones too, in one statement of "
-    "`id BETWEEN lo AND hi OR ...` (fetch_ranges, and keys_in for the given-up ones): a gap list "
-    "longer than one statement takes (32768 gaps on PostgreSQL, ~1050 on SQL Server; a migration's "
-    "finish_queue stores every unit's holes at once) makes every pass fail before it delivers "
-    "anything, for good. Before the change the expired gaps were dropped first, so the job "
-    "recovered once the window had passed"))
 def test_a_gap_list_longer_than_one_statement_takes_is_read_and_given_up_after_the_window(
         pg_server: str, pg_schema: str, tmp_path: Path) -> None:
     from bridge.pipeline.spark import QueuePlan, finish_queue
@@ -128,12 +114,6 @@ def test_a_gap_list_longer_than_one_statement_takes_is_read_and_given_up_after_t
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=True, reason=(
-    "review finding 3: a pass consumes the pending keys of other passes in the same source "
-    "transaction that holds its own rows (locked since its read). Two live passes with a dead "
-    "pass's keys pending both consume them: B locks the dead pass's rows and waits for A's, A holds "
-    "its rows and waits for the dead pass's: PostgreSQL's deadlock detector kills one (a failed "
-    "pass and a retry; nothing is lost or doubled)"))
 def test_two_passes_consuming_the_same_pending_keys_do_not_deadlock(make, monkeypatch) -> None:
     b = make(mode="move", batch_size=3)
     b.insert(b.ready(3))
@@ -192,9 +172,9 @@ def test_two_passes_consuming_the_same_pending_keys_do_not_deadlock(make, monkey
 # -- guards: interleavings tried that hold ------------------------------------------------------
 @pytest.mark.postgres
 def test_a_replay_beside_a_pass_that_dies_before_its_source_commit_consumes_both(make, monkeypatch) -> None:
-    """Replay adds its key to the pending list after a pass's target commit, consumes the whole
-    list (waiting for the pass's row locks), and settles only what it consumed: neither the
-    pass's keys nor the replayed one are left unconsumed when the pass then dies."""
+    """Replay adds its key to the pending list after a pass's target commit, consumes its own
+    key and settles only that: neither the pass's keys nor the replayed one are left unconsumed
+    when the pass then dies (the next pass consumes the pass's)."""
     from bridge.config import load_config
     from bridge.pipeline.loop import JobRunner
     from bridge.quarantine import QuarantineDesk
@@ -237,6 +217,9 @@ def test_a_replay_beside_a_pass_that_dies_before_its_source_commit_consumes_both
     r.join(30)
     assert died and [o.action for o in replayed] == ["replayed", "replayed"]
     monkeypatch.setattr(faults, "reached", real)
+    # The replay consumed its own keys; the dead pass's are the next pass's to consume, under
+    # the checkpoint lock (a replay that took them too could wait in a circle with a live pass).
+    JobRunner(config, config.jobs[0]).run_pass("MQueue3")
     assert set(b.subqueues("MQueue3").values()) == {"X"}
     _once(b, 5)
     assert _checkpoint(b, "MQueue3")[0] is None
@@ -326,10 +309,13 @@ batch_size = 3
         ep.send(ep.address("Sender"), h, orjson.dumps({"OrderId": i}))
     cfg = load_config(config)
     real = faults.reached
-    a_committed, b_committed = threading.Event(), threading.Event()
+    a_locked, a_committed, b_committed = threading.Event(), threading.Event(), threading.Event()
 
     def reached(point: str) -> None:
         name = threading.current_thread().name
+        if name == "pass-a" and point == "before_target_commit":
+            a_locked.set()  # A holds the checkpoint row: B finds nothing pending yet and queues behind it
+            time.sleep(1.0)
         if name == "pass-a" and point == "after_target_commit":
             a_committed.set()
             assert b_committed.wait(30)  # B has saved A's keys with its own before A consumes
@@ -348,7 +334,7 @@ batch_size = 3
 
     ta = threading.Thread(target=run, args=(JobRunner(cfg, cfg.jobs[0]),), name="pass-a")
     ta.start()
-    assert a_committed.wait(30)
+    assert a_locked.wait(30)
     tb = threading.Thread(target=run, args=(JobRunner(cfg, cfg.jobs[0]),), name="pass-b")
     tb.start()
     ta.join(60)

@@ -73,6 +73,7 @@ class JobSetup:
         self._ready: set[str] = set()
         self._ledger_checked = False
         self._version = 0
+        self._carried = False  # the last pass found other passes' keys pending
         # Queues whose planned ranges are taken to be new to the ledger: their batches insert
         # without looking the ledger up first, and the ledger's primary key catches the rare
         # message delivered already (the batch is then redone with the lookup, and so is the rest).

@@ -30,13 +30,18 @@ class Passes(Batch):
     def run_pass(self, queue: str) -> PassStats:
         self._prepare(queue)
         move = self.job.mode == "move"
+        if move:
+            self._consume_pending(queue)
         started = time.monotonic()
         stats = PassStats(queue)
         source = self.sources[queue]
         consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
         if consume:
             faults.reached("after_source_commit")
-            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._version)
+            # The fast path (clear the list if the checkpoint is as this pass saved it) only when
+            # the list held this pass's keys alone.
+            version = None if self._carried else self._version
+            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, version)
         stats.seconds = time.monotonic() - started
         self._log(stats)
         return stats
@@ -75,12 +80,11 @@ class Passes(Batch):
                 if new:
                     cp.high = new[-1].key
             consume += self._deliver(tconn, source, rows, lock, stats, known)
-            if cp.pending:
-                # Delivered by a pass that died before its source commit (or is committing it
-                # now): read under the checkpoint's lock, kept in the list, consumed with ours.
-                log.info("job=%s queue=%s consuming %d source rows delivered by an interrupted pass",
-                         job.name, source.queue, len(cp.pending))
-            cp.pending = consume = merge_pending(cp.pending, consume)
+            # Merged, never overwritten: keys another pass left here (it died before its source
+            # commit, or is committing it now) stay for `_consume_pending`; this pass consumes
+            # only its own rows, which it holds, so it never waits on another pass's locks.
+            self._carried = bool(cp.pending)
+            cp.pending = merge_pending(cp.pending, consume)
             if stats.delivered:
                 cp.last_delivery_at = utcnow()
                 cp.lag_seconds = stats.lag_seconds
@@ -96,6 +100,25 @@ class Passes(Batch):
             log.info("job=%s queue=%s ids %d..%d never committed within %s; no longer waiting for them",
                      job.name, source.queue, gap.lo, gap.hi, job.late_commit_window)
         return consume
+
+    def _consume_pending(self, queue: str) -> None:
+        """Consumes what a pass delivered and then could not consume (it died, or lost its
+        connection, between its two commits), under the checkpoint's lock, in transactions of
+        its own that hold no other source row: a pass still committing those rows finishes
+        first, and nothing waits in a circle."""
+        with self.target_engine.connect() as tconn:
+            cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
+        if cp is None or not cp.pending:
+            return
+        with self.target_engine.connect() as tconn, tconn.begin():
+            cp = self.state.lock_checkpoint(tconn, self.job.name, queue)
+            if not cp.pending:
+                return
+            with self.source_engine.begin() as sconn:
+                n = self.sources[queue].consume(sconn, cp.pending)
+            faults.reached("pending_consumed")
+            self.state.drop_pending(tconn, cp, cp.pending)
+        log.info("job=%s queue=%s consumed %d source rows delivered by an interrupted pass", self.job.name, queue, n)
 
     def _in_source_tx(self, source: Source, stats: PassStats, deliver) -> list:
         """The two commits of a batch: `deliver(sconn)` reads in the source transaction and

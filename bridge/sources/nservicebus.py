@@ -161,8 +161,9 @@ class NServiceBusSource(Source):
             by_kind[kind].append(int(value) if kind == QUEUE or self.delayed_key.name == "RowVersion" else value)
         n = 0
         for kind, column, table in ((QUEUE, self.seq, self.queue_table), (DELAYED, self.delayed_key, self.delayed_table)):
-            if by_kind[kind]:
-                n += conn.execute(sa.delete(table).where(column.in_(by_kind[kind]))).rowcount
+            values = by_kind[kind]
+            for start in range(0, len(values), 1000):  # under every driver's parameter cap (SQL Server's 2,100)
+                n += conn.execute(sa.delete(table).where(column.in_(values[start:start + 1000]))).rowcount
         return n
 
     # -- decoding --------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from sqlalchemy import exc as sa_exc
 from bridge.config import Config, load_config
 from bridge.blob_inspect import INSPECTORS
 from bridge.errors import BridgeError, UsageError
-from bridge.pipeline.loop import JobRunner, PassStats
+from bridge.pipeline.loop import JobRunner
+from bridge.pipeline.stats import summary_table
 
 # Piped output (CI logs, `| less`) gets room for the summary tables instead of 80 columns.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -167,7 +168,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
     _, runners = _runners(args)
     with _holding(args, runners):
-        _summary(run_inprocess(runners, console=err, attempts=args.retries))
+        out.print(summary_table(run_inprocess(runners, console=err, attempts=args.retries)))
     return 0
 
 
@@ -181,7 +182,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         master = "local[*]"
     with _holding(args, runners):
-        _summary(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows, attempts=args.retries))
+        out.print(summary_table(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows,
+                                          attempts=args.retries)))
     return 0
 
 
@@ -383,17 +385,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from bridge.demo import run_demo
 
     return run_demo(args.dir, out)
-
-
-def _summary(totals: list[PassStats]) -> None:
-    t = Table(title="qbridge summary")
-    for col in ("job/queue", "read", "delivered", "skipped", "quarantined", "already there", "consumed", "open gaps", "rows/s"):
-        t.add_column(col, justify="left" if col == "job/queue" else "right")
-    for s in totals:
-        rate = f"{s.read / s.seconds:,.0f}" if s.seconds > 0 else "-"
-        t.add_row(s.queue, str(s.read), str(s.delivered), str(s.skipped), str(s.quarantined), str(s.already),
-                  str(s.consumed), str(s.gaps_open), rate)
-    out.print(t)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.table import Table
+
 from bridge.pipeline.gaps import Gap
 
 SCAN_CHUNK = 10_000  # keys a scan pass (or verify) holds at once
@@ -59,3 +61,14 @@ class RangeResult:
     stats: PassStats
     gaps: list[Gap] = field(default_factory=list)
 
+
+def summary_table(totals: list[PassStats]) -> Table:
+    """What `sync --once` and `migrate` print at the end, a row per job and queue."""
+    t = Table(title="qbridge summary")
+    for col in ("job/queue", "read", "delivered", "skipped", "quarantined", "already there", "consumed", "open gaps", "rows/s"):
+        t.add_column(col, justify="left" if col == "job/queue" else "right")
+    for s in totals:
+        rate = f"{s.read / s.seconds:,.0f}" if s.seconds > 0 else "-"
+        t.add_row(s.queue, str(s.read), str(s.delivered), str(s.skipped), str(s.quarantined), str(s.already),
+                  str(s.consumed), str(s.gaps_open), rate)
+    return t

@@ -31,6 +31,7 @@ def totals(b: Bridge) -> tuple[dict[str, int], dict[str, int], int]:
     runner = b.runner()
     with runner.target_engine.connect() as conn:
         counts = runner.state.counts(conn, "job1", runner.origins.values()).get("MQueue1", {})
+        assert counts.pop("pruned", 0) == 0  # nothing is pruned here (tests/test_prune.py)
         rules = runner.state.skip_reasons(conn, "job1", runner.origins.values()).get("MQueue1", {})
         rows = conn.execute(sa.select(sa.func.count()).select_from(runner.state.totals.table)).scalar_one()
     return counts, rules, rows

@@ -17,7 +17,7 @@ from bridge.pipeline.batch import Batch
 from bridge.pipeline.gaps import Gap, expire, fill, holes
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
 from bridge.sources import Source, SourceRow
-from bridge.state import merge_pending
+from bridge.state import merge_pending, pending_key
 from bridge.timefmt import utcnow
 from bridge.totals import FOLD_EVERY
 
@@ -79,6 +79,9 @@ class Passes(Batch):
                 cp.gaps = still_open + holes(start, [r.key for r in new], now)
                 if new:
                     cp.high = new[-1].key
+            if consume and cp.pending:  # a scan's leftovers that are pending are _consume_pending's
+                carried = {pending_key(k) for k in cp.pending}
+                consume = [k for k in consume if pending_key(k) not in carried]
             consume += self._deliver(tconn, source, rows, lock, stats, known)
             # Merged, never overwritten: keys another pass left here (it died before its source
             # commit, or is committing it now) stay for `_consume_pending`; this pass consumes
@@ -110,14 +113,23 @@ class Passes(Batch):
             cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
         if cp is None or not cp.pending:
             return
-        with self.target_engine.connect() as tconn, tconn.begin():
-            cp = self.state.lock_checkpoint(tconn, self.job.name, queue)
-            if not cp.pending:
-                return
-            with self.source_engine.begin() as sconn:
-                n = self.sources[queue].consume(sconn, cp.pending)
-            faults.reached("pending_consumed")
-            self.state.drop_pending(tconn, cp, cp.pending)
+        # The source transaction begins first, as a pass's does: SQLite takes a file's write
+        # lock at BEGIN, and two orders would wait on each other (two jobs sharing both files).
+        with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
+            stx = sconn.begin()
+            try:
+                with tconn.begin():
+                    cp = self.state.lock_checkpoint(tconn, self.job.name, queue)
+                    if not cp.pending:
+                        stx.rollback()
+                        return
+                    n = self.sources[queue].consume(sconn, cp.pending)
+                    stx.commit()
+                    faults.reached("pending_consumed")
+                    self.state.drop_pending(tconn, cp, cp.pending)
+            finally:
+                if stx.is_active:
+                    stx.rollback()
         log.info("job=%s queue=%s consumed %d source rows delivered by an interrupted pass", self.job.name, queue, n)
 
     def _in_source_tx(self, source: Source, stats: PassStats, deliver) -> list:

@@ -198,7 +198,7 @@ def test_totals_are_added_on_mariadb_where_reverse_jobs_keep_their_state(mariadb
     state.totals.table.drop(engine)
     assert add_totals(engine, None, "legacy") == 8
     with engine.connect() as conn:
-        assert state.counts(conn, "rev", [42]) == {"Sender": {"delivered": 5, "skipped": 2, "quarantined": 1}}
+        assert state.counts(conn, "rev", [42]) == {"Sender": {"delivered": 5, "skipped": 2, "quarantined": 1, "pruned": 0}}
         assert state.skip_reasons(conn, "rev", [42]) == {"Sender": {"rule a": 2}}
     assert add_totals(engine, None, "legacy") is None
 

@@ -245,28 +245,10 @@ def test_sigkill_between_the_source_commit_and_settling_doubles_nothing(make, tm
 def test_copy_mode_reads_a_late_row_a_receiver_holds_when_its_gap_expires(make, caplog) -> None:
     """Copy mode reads committed rows whoever locks them: the last read of an expired gap finds
     the row a receiver holds, and the gap is gone (not kept open by keys_in)."""
-    import logging
+    from test_exactly_once_holes import sync_while_a_receiver_holds_the_late_row
 
     b = make(window="1s")
-    [first] = b.insert(b.ready(1))
-    slow = b.source.connect()
-    tx = slow.begin()
-    [late] = b.insert_in(slow, b.ready(1, start=2))
-    b.insert(b.ready(1, start=3))
-    assert b.cli("sync", "--once") == 0
-    tx.commit()
-    slow.close()
-    t = b.tables["MQueue1"]
-    receiver = b.source.connect()
-    try:
-        held = receiver.begin()
-        receiver.execute(sa.select(t.c.id).where(t.c.id == late).with_for_update())
-        time.sleep(1.1)
-        caplog.set_level(logging.INFO, "qbridge.batch")
-        assert b.cli("sync", "--once") == 0
-        held.rollback()
-    finally:
-        receiver.close()
+    sync_while_a_receiver_holds_the_late_row(b, caplog)
     _once(b, 3)
     assert orjson.loads(_checkpoint(b)[1]) == []
     assert "never committed" not in caplog.text
@@ -286,21 +268,9 @@ def test_reverse_passes_settle_each_others_keys_with_the_state_on_mariadb(pg_ser
     from bridge.pipeline.loop import JobRunner
     from bridge.samples import create_nginn_queue
     from nsb_endpoint import Endpoint
-    from test_reverse_nginn import REVERSE_MAPPING, TZ
+    from test_reverse_nginn import mariadb_reverse_config
 
-    (tmp_path / "reverse.toml").write_text(REVERSE_MAPPING)
-    config = tmp_path / "c.toml"
-    config.write_text(f"""
-[connections]
-nsb    = "{pg_server}"
-legacy = "{mariadb_database}"
-[[jobs]]
-name   = "to-legacy"
-source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Sender"] }}
-target = {{ system = "nginn", connection = "legacy", timezone = "{TZ}", alias = "db" }}
-mapping = "reverse.toml"
-batch_size = 3
-""")
+    config = mariadb_reverse_config(tmp_path, pg_server, pg_schema, mariadb_database, batch_size=3)
     assert cli_main(["init", "-c", str(config)]) == 0
     engine = sa.create_engine(pg_server)
     ep = Endpoint(engine, pg_schema, "Orders")

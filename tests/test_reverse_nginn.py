@@ -323,10 +323,9 @@ mapping = "m.toml"
         assert needle in " ".join(capsys.readouterr().err.split())
 
 
-@pytest.mark.postgres
-@pytest.mark.mariadb
-def test_reverse_into_nginn_on_mariadb(pg_server: str, pg_schema: str, mariadb_database: str, tmp_path: Path) -> None:
-    """The ledger lives beside the legacy rows it guards, here in MariaDB (through pyodbc)."""
+def mariadb_reverse_config(tmp_path: Path, pg_server: str, pg_schema: str, mariadb_database: str, batch_size: int) -> Path:
+    """A reverse job from a PostgreSQL proxy queue "Sender" into NGinn on MariaDB, whose ledger
+    and checkpoint then live in MariaDB; `init` not run yet."""
     (tmp_path / "reverse.toml").write_text(REVERSE_MAPPING)
     config = tmp_path / "c.toml"
     config.write_text(f"""
@@ -338,8 +337,16 @@ name   = "to-legacy"
 source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Sender"] }}
 target = {{ system = "nginn", connection = "legacy", timezone = "{TZ}", alias = "db" }}
 mapping = "reverse.toml"
-batch_size = 2
+batch_size = {batch_size}
 """)
+    return config
+
+
+@pytest.mark.postgres
+@pytest.mark.mariadb
+def test_reverse_into_nginn_on_mariadb(pg_server: str, pg_schema: str, mariadb_database: str, tmp_path: Path) -> None:
+    """The ledger lives beside the legacy rows it guards, here in MariaDB (through pyodbc)."""
+    config = mariadb_reverse_config(tmp_path, pg_server, pg_schema, mariadb_database, batch_size=2)
     assert cli_main(["init", "-c", str(config)]) == 0
     engine = sa.create_engine(pg_server)
     ep = Endpoint(engine, pg_schema, "Orders")

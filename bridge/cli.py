@@ -147,8 +147,10 @@ def cmd_init(args: argparse.Namespace) -> int:
             out.print(f"{p.connection}: counted the ledger's {counted:,} entries into per-queue totals (qbridge_totals)",
                       markup=False, highlight=False)
         created, existing = provision.create_missing(p)
+        added = [e for e in existing if "(index" in e]
         out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
-                  f"{len(existing)} already existed and were left alone", markup=False, highlight=False)
+                  f"{len(existing)} already existed and were left alone{' but for ' + ', '.join(added) if added else ''}",
+                  markup=False, highlight=False)
     return 0
 
 

@@ -150,7 +150,9 @@ def totals_upgrade_sql(p: TargetPlan) -> list[str]:
 
 
 def create_missing(p: TargetPlan) -> tuple[list[str], list[str]]:
-    """Creates the tables that do not exist yet; returns (created, already there)."""
+    """Creates the tables that do not exist yet, and the indexes an existing one lacks (made by
+    an earlier qbridge); returns (created, already there), an index added named as
+    `table (index NAME added)` among the latter."""
     engine = engine_for(p.url)
     schema = p.schema
     with engine.begin() as conn:
@@ -158,9 +160,15 @@ def create_missing(p: TargetPlan) -> tuple[list[str], list[str]]:
         if schema and engine.dialect.name != "sqlite" and schema not in insp.get_schema_names():
             raise TargetSchemaError(f"schema {schema!r} does not exist in {p.connection!r}; create it first")
         existing = [t.name for t in p.tables if insp.has_table(t.name, schema=t.schema)]
+        created = [n for n in p.names if n not in existing]
         for t in p.tables:
             t.create(conn, checkfirst=True)
-    created = [n for n in p.names if n not in existing]
+            if t.name in existing:
+                have = {i["name"] for i in sa.inspect(conn).get_indexes(t.name, schema=t.schema)}
+                for index in t.indexes:
+                    if index.name not in have:
+                        index.create(conn)
+                        existing[existing.index(t.name)] = f"{t.name} (index {index.name} added)"
     return created, existing
 
 

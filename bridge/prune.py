@@ -55,12 +55,13 @@ def prune(runner: JobRunner, dry_run: bool = False, limit: int | None = None) ->
         if source.cursor == "queue":  # a proxy queue holds its backlog only: read its keys once
             with runner.source_engine.connect() as sconn:
                 queued = set(source.queued_keys(sconn))
-        after = None
+        after: tuple[Any, str] | None = None
         while limit is None or result.looked_at < limit:
-            keys = _old_keys(runner, queue, cutoff, after, CHUNK if limit is None else min(CHUNK, limit - result.looked_at))
-            if not keys:
+            page = _old_entries(runner, queue, cutoff, after, CHUNK if limit is None else min(CHUNK, limit - result.looked_at))
+            if not page:
                 break
-            after = keys[-1]
+            after = page[-1]
+            keys = [k for _, k in page]
             present = set(keys) & queued if queued is not None else _in_source(runner, source, keys)
             gone = [k for k in keys if k not in present]
             result.looked_at += len(keys)
@@ -72,17 +73,19 @@ def prune(runner: JobRunner, dry_run: bool = False, limit: int | None = None) ->
     return out
 
 
-def _old_keys(runner: JobRunner, queue: str, cutoff: Any, after: str | None, n: int) -> list[str]:
-    """The next `n` keys after `after` of entries older than `cutoff`, not quarantined (a page
-    at a time: no cursor stays open while entries are removed)."""
+def _old_entries(runner: JobRunner, queue: str, cutoff: Any, after: tuple[Any, str] | None, n: int) -> list[tuple[Any, str]]:
+    """The next `n` (at, key) after `after`, oldest first, of entries older than `cutoff` and not
+    quarantined: the (origin, at) index walks the old ones only, a page at a time, with no cursor
+    open while entries are removed."""
     l = runner.state.ledger
-    stmt = (sa.select(l.c.source_key).where(l.c.origin == runner.origins[queue], l.c.job == runner.job.name,
-                                            l.c.at < cutoff, l.c.outcome != "quarantined")
-            .order_by(l.c.source_key).limit(n))
+    stmt = (sa.select(l.c.at, l.c.source_key)
+            .where(l.c.origin == runner.origins[queue], l.c.at < cutoff, l.c.job == runner.job.name,
+                   l.c.outcome != "quarantined")
+            .order_by(l.c.at, l.c.source_key).limit(n))
     if after is not None:
-        stmt = stmt.where(l.c.source_key > after)
+        stmt = stmt.where(sa.or_(l.c.at > after[0], sa.and_(l.c.at == after[0], l.c.source_key > after[1])))
     with runner.target_engine.connect() as conn:
-        return list(conn.execute(stmt).scalars())
+        return [(at, key) for at, key in conn.execute(stmt)]
 
 
 def _in_source(runner: JobRunner, source: Any, keys: list[str]) -> set[str]:

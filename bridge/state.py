@@ -45,6 +45,8 @@ def ledger_table(schema: str | None, metadata: sa.MetaData | None = None, name: 
         sa.Column("target", sa.String(260)),
         sa.Column("reason", sa.String(500)),
         sa.Column("at", sa.DateTime(), nullable=False),
+        # What pruning reads: a queue's entries by age (bridge.prune), without walking them all.
+        sa.Index(f"ix_{name}_origin_at", "origin", "at"),
         schema=schema,
     )
 

@@ -85,7 +85,8 @@ def _convert_in_place(engine: sa.Engine, schema: str | None) -> None:
         assert not earlier_layout(conn, schema)
         keys = sa.inspect(conn).get_pk_constraint("qbridge_ledger", schema=schema)["constrained_columns"]
         indexes = sa.inspect(conn).get_indexes("qbridge_ledger", schema=schema)
-    assert keys == ["origin", "source_key"] and indexes == []
+    # The one index besides the key: entries by age, for pruning (bridge.prune).
+    assert keys == ["origin", "source_key"] and [i["column_names"] for i in indexes] == [["origin", "at"]]
     assert ledger_rows(engine, schema) == expected_rows(ENTRIES)
     assert not {NEW, OLD} & tables(engine, schema)
     assert convert(engine, schema, ORIGINS, "nsb") is None  # once converted, init leaves it alone

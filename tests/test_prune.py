@@ -132,3 +132,16 @@ def test_a_reverse_jobs_entries_go_once_their_messages_left_the_proxy_queue(two_
     assert tw.cli("verify", "--job", "to-legacy", "--json") == 0
     q = json.loads(capsys.readouterr().out)["jobs"][0]["queues"][0]
     assert (q["delivered"], q["pruned"], q["backlog"]) == (3, 3, 0)
+
+
+@pytest.mark.postgres
+def test_init_adds_the_age_index_to_a_ledger_made_without_it(make, capsys) -> None:
+    b = make()
+    with b.target.begin() as conn:
+        conn.execute(sa.text(f'drop index "{b.target_schema}".ix_qbridge_ledger_origin_at'))
+    capsys.readouterr()
+    assert b.cli("init") == 0
+    assert "qbridge_ledger (index ix_qbridge_ledger_origin_at added)" in " ".join(capsys.readouterr().out.split())
+    with b.target.connect() as conn:
+        names = {i["name"] for i in sa.inspect(conn).get_indexes("qbridge_ledger", schema=b.target_schema)}
+    assert "ix_qbridge_ledger_origin_at" in names

@@ -87,7 +87,8 @@ def main() -> None:
             for name, cmd in (("migrate", ["migrate"]), ("sync", ["sync", "--once"]), ("verify", ["verify", "--json"])):
                 seconds, peak, _, _ = timed([py, "-m", "bridge.cli", *cmd, "-c", str(cfg)], work)
                 results[n][name] = (seconds, peak)
-                print(f"  {name:8} {seconds:7.1f} s  peak RSS {peak / 2**20:6.0f} MiB", flush=True)
+                rate = f"  {n / seconds:8,.0f} handles/s" if name == "migrate" else ""
+                print(f"  {name:8} {seconds:7.1f} s  peak RSS {peak / 2**20:6.0f} MiB{rate}", flush=True)
             delivered = bench.count(args.pg, f'"{TGT}"."Orders"')
             distinct = bench.count(args.pg, f'(SELECT DISTINCT headers::json->>\'NServiceBus.MessageId\' FROM "{TGT}"."Orders") d')
             print(f"  delivered {delivered:,} rows, {distinct:,} distinct message ids (expected {n:,})", flush=True)

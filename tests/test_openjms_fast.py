@@ -20,7 +20,7 @@ from bridge.codecs.openjms_encode import encode
 from test_fuzz_decoders import OPENJMS, mutated
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openjms"
-FUZZ = settings(max_examples=800, deadline=timedelta(seconds=2), suppress_health_check=[HealthCheck.too_slow],
+FUZZ = settings(max_examples=1000, deadline=timedelta(seconds=2), suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True)
 
 
@@ -156,20 +156,15 @@ def structural(draw: st.DrawFn, seeds: st.SearchStrategy[bytes]) -> bytes:
 
 
 @FUZZ
-@given(st.one_of(mutated(OPENJMS), structural(st.sampled_from(OPENJMS).map(Path.read_bytes))))
-def test_mutated_fixtures_agree_or_decline(blob: bytes) -> None:
+@given(st.one_of(mutated(OPENJMS), structural(st.sampled_from(OPENJMS).map(Path.read_bytes)),
+                 st.binary(max_size=512).map(lambda b: b"\xac\xed\x00\x05" + b)))
+def test_mutated_fixtures_and_random_streams_agree_or_decline(blob: bytes) -> None:
     same_or_declined(blob)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(structural(_encoded))
 def test_mutated_encoder_blobs_agree_or_decline(blob: bytes) -> None:
-    same_or_declined(blob)
-
-
-@FUZZ
-@given(st.binary(max_size=512).map(lambda b: b"\xac\xed\x00\x05" + b))
-def test_random_streams_agree_or_decline(blob: bytes) -> None:
     same_or_declined(blob)
 
 

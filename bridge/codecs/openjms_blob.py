@@ -57,7 +57,10 @@ class JmsMessage:
 
 def decode(blob: bytes) -> JmsMessage:
     """Every JMS header, property and the body of one messageBlob; BlobError saying why not."""
-    msg = decode_fast(blob)
+    try:
+        msg = decode_fast(blob)
+    except Exception:  # the fast path only saves time: a fault in it must not cost the row
+        msg = None
     return msg if msg is not None else decode_generic(blob)
 
 

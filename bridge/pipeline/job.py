@@ -72,8 +72,9 @@ class JobSetup:
             source.due_only = not self.target.schedules
         self._ready: set[str] = set()
         self._ledger_checked = False
-        self._version = 0
-        self._carried = False  # the last pass found other passes' keys pending
+        # The checkpoint version the last pass saved, when its pending list held its own keys
+        # alone (settle_pending's fast path); None when other passes' keys were there too.
+        self._settle_version: int | None = None
         # Queues whose planned ranges are taken to be new to the ledger: their batches insert
         # without looking the ledger up first, and the ledger's primary key catches the rare
         # message delivered already (the batch is then redone with the lookup, and so is the rest).

@@ -38,10 +38,7 @@ class Passes(Batch):
         consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
         if consume:
             faults.reached("after_source_commit")
-            # The fast path (clear the list if the checkpoint is as this pass saved it) only when
-            # the list held this pass's keys alone.
-            version = None if self._carried else self._version
-            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, version)
+            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._settle_version)
         stats.seconds = time.monotonic() - started
         self._log(stats)
         return stats
@@ -86,13 +83,13 @@ class Passes(Batch):
             # Merged, never overwritten: keys another pass left here (it died before its source
             # commit, or is committing it now) stay for `_consume_pending`; this pass consumes
             # only its own rows, which it holds, so it never waits on another pass's locks.
-            self._carried = bool(cp.pending)
+            carried = bool(cp.pending)
             cp.pending = merge_pending(cp.pending, consume)
             if stats.delivered:
                 cp.last_delivery_at = utcnow()
                 cp.lag_seconds = stats.lag_seconds
             self.state.save_checkpoint(tconn, cp)
-            self._version = cp.version
+            self._settle_version = None if carried else cp.version
             if cp.version % FOLD_EVERY == 0:  # under the checkpoint lock, which serialises the folders
                 self.state.totals.fold(tconn, job.name, source.queue, self.origins[source.queue])
             faults.reached("before_target_commit")

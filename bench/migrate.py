@@ -17,14 +17,17 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
       same-shaped table, no transformation (what the database spends moving these bytes),
   (e) dlt: `sql_table` (pyarrow backend) -> `postgres` destination (parquet loader files), the
       whole table, as dlt's docs recommend for speed,
-  (f) the floor, not a goal's reference: (d)'s pipe into the tables exactly-once must write, the
-      transport's queue table (uuid primary key, seq) and qbridge's ledger (one row per message,
-      keyed by origin and source key), in one transaction; f/d is what those tables cost the database itself,
-  (g) (a)'s own rows, not a goal's reference: right after (a), the transport rows and ledger entries
-      (a) wrote, piped as (d) pipes into same-shaped tables (the transport's and the ledger's
-      indexes included) in one transaction: what the database alone spends on exactly what qbridge
-      writes, as if reading and transforming cost nothing; g/d is a bound no transform can beat,
-and, after (a), `qbridge verify` of what it moved (time, peak RSS); (a) runs with the Spark driver's
+  (f) the floor, not a goal's reference: (d)'s pipe into the table exactly-once must write per
+      message, the transport's queue table (uuid primary key, seq), in one transaction (NGinn's
+      ledger is one range row per 1,024 keys since issue 27: nothing per message); f/d is what
+      that table costs the database itself,
+  (g) (a)'s own rows, not a goal's reference: right after (a), the transport rows, ledger entries
+      and range rows (a) wrote, piped as (d) pipes into same-shaped tables (their indexes included)
+      in one transaction: what the database alone spends on exactly what qbridge writes, as if
+      reading and transforming cost nothing; g/d is a bound no transform can beat,
+and, after (a), the ledger's size (per-message entries, range rows, bytes on disk, against the
+184 bytes a message the per-message ledger took) and `qbridge verify` of what it moved (time,
+peak RSS); (a) runs with the Spark driver's
 class-data archive in place (made first when missing, as a machine's first `migrate` does);
 each as its own process, sampling the summed RSS of its Python processes (driver and Spark's
 Python workers; the JVM is not a Python process) every 100 ms, and the CPU seconds of its
@@ -151,28 +154,34 @@ PLAIN = (f'SELECT id, msg_headers, convert_to(msg_text, \'UTF8\'), insert_time, 
          "WHERE subqueue = 'I'", f'"{REF}"."plain" (id, headers, body, insert_time, retry_time)')
 
 
-# (f): the same pipe as (d), into what exactly-once has to write: the transport's queue table
-# (uuid primary key with growing ids, seq) and qbridge's ledger (keyed by the queue's origin and
-# the source key, the message id beside them).
-def floor_statements(origin: int) -> list[tuple[str, str]]:
+# (f): the same pipe as (d), into what exactly-once has to write per message: the transport's
+# queue table (uuid primary key with growing ids, seq). The range ledger adds a row per 1,024 keys.
+def floor_statements() -> list[tuple[str, str]]:
     # Growing row ids, as qbridge's writer gives them (model.row_ids, UUIDv7): a hashed id here
     # would put every insert on a random page of the primary key and overstate the floor.
     return [
         (f'SELECT lpad(to_hex(id), 32, \'0\')::uuid, msg_headers, convert_to(msg_text, \'UTF8\') '
          f'FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'', f'"{REF}"."Orders" (id, headers, body)'),
-        (f'SELECT {origin}::bigint, id::text, md5(\'nginn/LegacyDb/{QUEUE}/\' || id)::uuid::text, \'bench\', \'{QUEUE}\', '
-         f'\'delivered\', \'Orders\', now()::timestamp FROM "{SRC}"."{QUEUE}" WHERE subqueue = \'I\'',
-         f'"{REF}"."qbridge_ledger" (origin, source_key, message_id, job, queue, outcome, target, at)'),
     ]
 
 
 # (g): what (a) wrote, table by table (the transport numbers `seq` itself, as in (a)).
-OWN_TABLES = ("Orders", "Orders.Delayed", "error", "qbridge_ledger")
+OWN_TABLES = ("Orders", "Orders.Delayed", "error", "qbridge_ledger", "qbridge_ledger_ranges")
 
 
 def own_rows_tables() -> list[str]:
     """REF's tables for (g), the same as (a)'s in TGT: columns, defaults, keys and indexes."""
     return [f'CREATE TABLE "{REF}"."{t}" (LIKE "{TGT}"."{t}" INCLUDING ALL)' for t in OWN_TABLES]
+
+
+PER_MESSAGE_LEDGER = 184  # bytes a message, measured on the per-message ledger (issue 27)
+
+
+def ledger_size(url: str) -> tuple[int, int, int]:
+    """(per-message entries, range rows, bytes of both tables with their indexes) in TGT."""
+    names = ("qbridge_ledger", "qbridge_ledger_ranges")
+    size = sum(scalar(url, f"SELECT pg_total_relation_size('\"{TGT}\".\"{t}\"')") for t in names)
+    return count(url, f'"{TGT}"."{names[0]}"'), count(url, f'"{TGT}"."{names[1]}"'), size
 
 
 def libpq(url: str) -> str:
@@ -204,17 +213,10 @@ def plain_pipe(url: str) -> None:
 
 
 def floor_pipe(url: str) -> None:
-    """(f), in its own process: binary COPY-to-COPY pipes into the queue table and the ledger, in
-    one transaction, no transformation: what the database spends on the rows exactly-once writes."""
-    from bridge.model import queue_origin
-    from bridge.state import state_tables
-
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        state_tables(REF)["ledger"].create(conn)
-    engine.dispose()
+    """(f), in its own process: a binary COPY-to-COPY pipe into the queue table, in one
+    transaction, no transformation: what the database spends on the rows exactly-once writes."""
     with psycopg.connect(libpq(url)) as src, psycopg.connect(libpq(url)) as dst:
-        for select, table in floor_statements(queue_origin("nginn", "LegacyDb", QUEUE)):
+        for select, table in floor_statements():
             pipe(src, dst, select, table)
         dst.commit()
 
@@ -368,8 +370,12 @@ def sql(url: str, *statements: str, **params: object) -> None:
 
 
 def count(url: str, table: str) -> int:
+    return scalar(url, f"SELECT count(*) FROM {table}")
+
+
+def scalar(url: str, query: str) -> int:
     with psycopg.connect(libpq(url)) as conn:
-        return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        return conn.execute(query).fetchone()[0]
 
 
 def fresh_target(url: str, work: Path, schema: str) -> None:
@@ -457,6 +463,10 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
             for line in err.splitlines():
                 if "where the time went" in line:
                     print("      " + line.split("INFO qbridge.migrate ", 1)[-1], flush=True)
+            entries, blocks, size = ledger_size(url)
+            print(f"      ledger after (a): {entries:,} entries + {blocks:,} range rows, {size / 2**20:.2f} MiB on disk "
+                  f"({size / (n * PER_MESSAGE_LEDGER):.2%} of the {n * PER_MESSAGE_LEDGER / 2**20:,.0f} MiB "
+                  f"a per-message ledger took at {PER_MESSAGE_LEDGER} B a message)", flush=True)
             # `verify` of what (a) moved: the source ids merged with the ledger as two streams.
             v_seconds, v_peak, _, _ = timed([py, "-m", "bridge.cli", "verify", "-c", str(work / f"{TGT}.toml")], work)
             results["verify"] = (v_seconds, v_peak, n)

@@ -138,14 +138,13 @@ def cmd_init(args: argparse.Namespace) -> int:
                 out.print(line, markup=False, highlight=False)
             continue
         say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
-        converted = provision.convert_ledger(p, say)
-        if converted is not None:
-            out.print(f"{p.connection}: converted the ledger's {converted:,} entries to the (origin, source key) layout",
-                      markup=False, highlight=False)
-        counted = provision.add_ledger_totals(p, say)
-        if counted is not None:
-            out.print(f"{p.connection}: counted the ledger's {counted:,} entries into per-queue totals (qbridge_totals)",
-                      markup=False, highlight=False)
+        upgrades = ((provision.convert_ledger, "converted the ledger's {:,} entries to the (origin, source key) layout"),
+                    (provision.add_ledger_totals, "counted the ledger's {:,} entries into per-queue totals (qbridge_totals)"),
+                    (provision.fold_ranges, "folded the ledger's {:,} NGinn entries into ranges (qbridge_ledger_ranges)"))
+        for upgrade, done in upgrades:
+            n = upgrade(p, say)
+            if n is not None:
+                out.print(f"{p.connection}: " + done.format(n), markup=False, highlight=False)
         created, existing = provision.create_missing(p)
         added = [e for e in existing if "(index" in e]
         out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "

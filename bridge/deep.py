@@ -19,6 +19,7 @@ import orjson
 import sqlalchemy as sa
 
 from bridge.errors import BadRow
+from bridge.model import message_ids
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.envelope import Outgoing, envelope
 
@@ -58,41 +59,62 @@ def _target_digests(runner: JobRunner, tconn: sa.Connection, tables: set[str]) -
 
 def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
     """Per queue of the job: delivered messages compared with their source rows."""
-    job = runner.job.name
-    ledger = runner.state.ledger
     books: dict[str, DeepBooks] = {q: DeepBooks() for q in runner.sources}
     with runner.target_engine.connect() as tconn, runner.source_engine.connect() as sconn:
-        delivered: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        # queue -> (key, message id, what its source row makes today: a digest, None, or GONE)
+        recomputed: dict[str, list[tuple[str, str, Any]]] = defaultdict(list)
         targets: set[str] = set()
-        stmt = sa.select(ledger.c.queue, ledger.c.source_key, ledger.c.message_id, ledger.c.target).where(
-            ledger.c.origin.in_(list(runner.origins.values())), ledger.c.job == job, ledger.c.outcome == "delivered")
-        for queue, key, mid, target in tconn.execute(stmt):
-            if queue in books:
-                delivered[queue].append((key, mid))
-                targets.add(target)
-        in_target = _target_digests(runner, tconn, targets)
-        for queue, entries in delivered.items():
+        for queue, entries in _delivered(runner, tconn).items():
             source = runner.sources[queue]
-            b = books[queue]
             translated = getattr(source, "translated_headers", frozenset())
             for start in range(0, len(entries), BATCH):
                 chunk = entries[start:start + BATCH]
-                rows = _fetch(source, sconn, [k for k, _ in chunk])
-                for key, mid in chunk:
-                    expected = in_target.get(mid)
-                    if expected is None:
-                        b.consumed += 1
-                        continue
-                    b.compared += 1
+                rows = _fetch(source, sconn, [k for k, _, _ in chunk])
+                for key, mid, target in chunk:
                     row = rows.get(key)
-                    now = _recompute(source, row, runner, translated) if row is not None else None
-                    if now is not None and now == expected:
-                        b.matched += 1
-                    else:
-                        b.mismatched += 1
-                        if len(b.mismatched_keys) < 20:
-                            b.mismatched_keys.append(key if row is not None else f"{key} (no longer in the source)")
+                    now, where = _recompute(source, row, runner, translated) if row is not None else (GONE, None)
+                    # A range keeps no target: the row mapped again says where it went.
+                    targets.update(t for t in (target, where) if t)
+                    recomputed[queue].append((key, mid, now))
+        in_target = _target_digests(runner, tconn, targets)
+        for queue, entries in recomputed.items():
+            b = books[queue]
+            for key, mid, now in entries:
+                expected = in_target.get(mid)
+                if expected is None:
+                    b.consumed += 1
+                    continue
+                b.compared += 1
+                if now == expected:
+                    b.matched += 1
+                else:
+                    b.mismatched += 1
+                    if len(b.mismatched_keys) < 20:
+                        b.mismatched_keys.append(f"{key} (no longer in the source)" if now is GONE else key)
     return books
+
+
+GONE = object()  # a delivered message's source row that is no longer there
+
+
+def _delivered(runner: JobRunner, tconn: sa.Connection) -> dict[str, list[tuple[str, str, str | None]]]:
+    """queue -> (key, message id, target or None) of the job's delivered messages: the ledger's
+    entries, and for increasing keys the range ledger's bits (their ids computed again)."""
+    job, ledger = runner.job.name, runner.state.ledger
+    out: dict[str, list[tuple[str, str, str | None]]] = defaultdict(list)
+    for queue, source in runner.sources.items():
+        origin = runner.origins[queue]
+        if source.cursor == "monotonic":
+            keys = [str(k) for k, outcome in runner.state.recorded_keys(tconn, job, origin) if outcome == "delivered"]
+            targets = dict(tconn.execute(sa.select(ledger.c.source_key, ledger.c.target).where(
+                ledger.c.origin == origin, ledger.c.job == job, ledger.c.outcome == "delivered")).all())
+            ids = message_ids(source.system, runner.database, queue, keys)
+            out[queue] = [(k, str(mid), targets.get(k)) for k, mid in zip(keys, ids)]
+            continue
+        stmt = sa.select(ledger.c.source_key, ledger.c.message_id, ledger.c.target).where(
+            ledger.c.origin == origin, ledger.c.job == job, ledger.c.outcome == "delivered")
+        out[queue] = [tuple(r) for r in tconn.execute(stmt)]
+    return out
 
 
 def _fetch(source: Any, sconn: sa.Connection, keys: list[str]) -> dict[str, Any]:
@@ -104,11 +126,13 @@ def _fetch(source: Any, sconn: sa.Connection, keys: list[str]) -> dict[str, Any]
     return {str(r.key): r for r in found}
 
 
-def _recompute(source: Any, row: Any, runner: JobRunner, translated: frozenset[str]) -> bytes | None:
+def _recompute(source: Any, row: Any, runner: JobRunner, translated: frozenset[str]) -> tuple[bytes | None, str | None]:
+    """(the digest of what the row makes today, the table it goes to); (None, None) when it is
+    not delivered today (unreadable, or skipped now: an expiry passed, or the mapping changed)."""
     try:
         result = envelope(source.decode(row), runner.mapping, runner.tables, runner.job.target, translated)
     except BadRow:
-        return None
+        return None, None
     if not isinstance(result, Outgoing):
-        return None  # skipped now (an expiry passed since delivery, or the mapping changed)
-    return digest(result.headers, result.body)
+        return None, None
+    return digest(result.headers, result.body), runner.target.ledger_target(result)

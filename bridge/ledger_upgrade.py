@@ -18,6 +18,7 @@ from typing import NamedTuple
 import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
+from bridge.ledger_ranges import RANGES
 from bridge.model import message_id_for, queue_origin
 from bridge.state import LEDGER, LEDGER_COLUMNS, ledger_table
 from bridge.totals import TOTALS, Totals, totals_table
@@ -54,6 +55,12 @@ def without_totals(conn: sa.Connection, schema: str | None) -> bool:
     return insp.has_table(LEDGER, schema=schema) and not insp.has_table(TOTALS, schema=schema)
 
 
+def without_ranges(conn: sa.Connection, schema: str | None) -> bool:
+    """Whether the ledger there exists but the range ledger (bridge.ledger_ranges) beside it does not yet."""
+    insp = sa.inspect(conn)
+    return insp.has_table(LEDGER, schema=schema) and not insp.has_table(RANGES, schema=schema)
+
+
 def require_current(conn: sa.Connection, schema: str | None, connection: str) -> None:
     where = f"{schema}.{LEDGER}" if schema else LEDGER
     if earlier_layout(conn, schema):
@@ -64,6 +71,11 @@ def require_current(conn: sa.Connection, schema: str | None, connection: str) ->
         raise TargetSchemaError(
             f"the ledger {where!r} in {connection!r} has no per-queue totals beside it (made by an earlier qbridge); "
             "stop every qbridge process using it and run `qbridge init -c CONFIG` once to add them (it counts the ledger once)")
+    if without_ranges(conn, schema):
+        raise TargetSchemaError(
+            f"the ledger {where!r} in {connection!r} keeps every NGinn message as an entry (made by an earlier qbridge); "
+            "stop every qbridge process using it and run `qbridge init -c CONFIG` once to fold them into ranges "
+            "(qbridge_ledger_ranges; a fold cut off resumes on the next init)")
 
 
 def totals_sql(dialect: sa.Dialect, schema: str | None) -> list[sa.Executable]:
@@ -83,7 +95,7 @@ def totals_sql(dialect: sa.Dialect, schema: str | None) -> list[sa.Executable]:
     steps.append(Totals(new).seed(ledger_table(schema, md)))
     if mysql:
         steps.append(sa.text("UNLOCK TABLES"))
-    steps.append(_rename(dialect, schema, TOTALS_NEW, TOTALS))
+    steps.append(rename_sql(dialect, schema, TOTALS_NEW, TOTALS))
     return steps
 
 
@@ -173,7 +185,7 @@ def _name(dialect: sa.Dialect, schema: str | None, table: str) -> str:
     return dialect.identifier_preparer.format_table(sa.table(table, schema=schema))
 
 
-def _rename(dialect: sa.Dialect, schema: str | None, table: str, to: str) -> sa.TextClause:
+def rename_sql(dialect: sa.Dialect, schema: str | None, table: str, to: str) -> sa.TextClause:
     if dialect.name == "mssql":
         prefix = f"{schema}." if schema else ""
         return sa.text(f"EXEC sp_rename N'{prefix}{table}', N'{to}'")
@@ -200,7 +212,7 @@ def conversion(dialect: sa.Dialect, schema: str | None, origins: list[QueueOrigi
         copy.append(sa.insert(new).from_select(["origin", *cols], select))
     # Renamed into place rather than created under the final name: PostgreSQL's and SQL
     # Server's index names are per schema, and the old key's index still holds the name.
-    swap: list[sa.Executable] = [_rename(dialect, schema, LEDGER, OLD), _rename(dialect, schema, NEW, LEDGER)]
+    swap: list[sa.Executable] = [rename_sql(dialect, schema, LEDGER, OLD), rename_sql(dialect, schema, NEW, LEDGER)]
     release: list[sa.Executable] = [sa.text("UNLOCK TABLES")] if mysql else []
     swap += [*release, sa.text(f"DROP TABLE {q_renamed}")]
     return Conversion(lock, copy, swap, release)

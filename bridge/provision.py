@@ -17,6 +17,7 @@ from bridge.db import dialect_for, engine_for
 from bridge.errors import TargetSchemaError
 from bridge.ledger_upgrade import NEW, TOTALS_NEW, QueueOrigin, add_totals, conversion, convert, totals_sql
 from bridge.pipeline.loop import database_identity
+from bridge.ranges_upgrade import add_ranges
 from bridge.state import ledger_table, state_tables
 from bridge.totals import totals_table
 from bridge.targets import target_class
@@ -140,6 +141,13 @@ def add_ledger_totals(p: TargetPlan, say: Callable[[str], None]) -> int | None:
     return add_totals(engine_for(p.url), p.schema, p.connection, say)
 
 
+def fold_ranges(p: TargetPlan, say: Callable[[str], None]) -> int | None:
+    """Folds an earlier ledger's NGinn entries into the range ledger (None: nothing to do)."""
+    if not p.has_state:
+        return None
+    return add_ranges(engine_for(p.url), p.schema, p.origins, p.connection, say)
+
+
 def totals_upgrade_sql(p: TargetPlan) -> list[str]:
     """For a DBA: the statements that add the totals beside such a ledger."""
     if not p.has_state:
@@ -184,6 +192,10 @@ def sql_for_dba(p: TargetPlan) -> list[str]:
         (totals_upgrade_sql(p), f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_totals (made by an "
                                 "earlier qbridge), with every qbridge process stopped: count the ledger once into per-queue "
                                 "totals (`qbridge init` does this itself)"),
+        (["-- (no SQL: bits are set in Python)\n"] if p.has_state else [],
+         f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_ledger_ranges (made by an earlier qbridge): "
+         "`qbridge init` folds the entries of NGinn queues into qbridge_ledger_ranges_new, 10,000 per transaction "
+         "(resumable), and renames it into place; every other command refuses the ledger until then"),
     )
     for statements, when in upgrades:
         if statements:

@@ -109,16 +109,17 @@ def _books(runner: JobRunner) -> JobBooks:
 
 def _monotonic_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any,
                      b: QueueBooks) -> None:
-    """Source keys up to the checkpoint merged with the job's ledger, both streamed in key order."""
-    ledger = iter(runner.state.ledger_keys(tconn, runner.job.name, runner.origins[source.queue], numeric=True))
+    """Source keys up to the checkpoint merged with the queue's ranges and the job's ledger
+    entries, all streamed in key order (bounded memory at any size)."""
+    ledger = runner.state.recorded_keys(tconn, runner.job.name, runner.origins[source.queue])
     entry = next(ledger, None)
     unexplained: list[str] = []
     for key in source.keys_upto(sconn, cp.high):
         b.source_rows += 1
-        while entry is not None and int(entry[0]) < key:
+        while entry is not None and entry[0] < key:
             b.source_gone += 1  # in the ledger, no longer in the source (legacy cleanup)
             entry = next(ledger, None)
-        if entry is not None and int(entry[0]) == key:
+        if entry is not None and entry[0] == key:
             setattr(b, entry[1], getattr(b, entry[1]) + 1)
             entry = next(ledger, None)
         elif any(g.lo <= key <= g.hi for g in cp.gaps):

@@ -113,10 +113,14 @@ class JobWorker:
         """Ledger entries that can no longer matter, a bounded number per round (bridge.prune)."""
         from bridge.prune import prune
 
-        every = max(60.0, min(3600.0, self.runner.job.retention_seconds / 10))
+        every = max(10.0, min(3600.0, self.runner.job.retention_seconds / 10))
         self.prune_at = self.clock() + every
         try:
-            prune(self.runner, limit=PRUNE_LIMIT)
+            rounds = prune(self.runner, limit=PRUNE_LIMIT)
+            if any(r.looked_at >= PRUNE_LIMIT for r in rounds):
+                # More is waiting: the next round comes after the next drain, not after `every`,
+                # so pruning keeps up with any inflow it can (a round is bounded; delivery goes first).
+                self.prune_at = self.clock()
         except Exception as e:  # noqa: BLE001 - pruning waits for its next round; moving messages goes on
             reason = str(getattr(e, "orig", None) or e).strip().splitlines()
             log.warning("job=%s pruning the ledger failed (%s); trying again in %.0fs", self.name,

@@ -6,7 +6,8 @@ moved checkpoint commit in one transaction (GUIDE guarantee 1).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy import exc as sa_exc
 
+from bridge.ledger_ranges import Ranges, ranges_table
 from bridge.model import LEDGER_KEY_MAX
 from bridge.pipeline.gaps import Gap
 from bridge.targets.bulk import insert_rows, insert_values
@@ -101,7 +103,7 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         schema=schema,
     )
     return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit,
-            "totals": totals_table(schema, md)}
+            "totals": totals_table(schema, md), "ranges": ranges_table(schema, md)}
 
 
 @dataclass
@@ -158,9 +160,10 @@ class State:
         t = state_tables(schema)
         self.ledger, self.checkpoint, self.quarantine, self.audit = t["ledger"], t["checkpoint"], t["quarantine"], t["audit"]
         self.totals = Totals(t["totals"])
+        self.ranges = Ranges(t["ranges"])
 
     def all_tables(self) -> list[sa.Table]:
-        return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table]
+        return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table]
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:
@@ -263,10 +266,18 @@ class State:
         return pending, cp.version + 1
 
     # -- ledger ----------------------------------------------------------------------------
-    def known(self, conn: sa.Connection, origin: int, keys: Sequence[str]) -> dict[str, str]:
-        """source key -> outcome, for those of `keys` (of the queue `origin` names) already in the ledger."""
+    def known(self, conn: sa.Connection, origin: int, keys: Sequence[str], ranged: bool = False) -> dict[str, str]:
+        """source key -> outcome, for those of `keys` (of the queue `origin` names) already in the
+        ledger; `ranged`: the queue's keys are increasing integers, kept as ranges (bridge.ledger_ranges)."""
         if not keys:
             return {}
+        out = self._entries(conn, origin, keys)
+        if ranged:
+            for key, outcome in self.ranges.lookup(conn, origin, map(int, keys)).items():
+                out.setdefault(str(key), outcome)
+        return out
+
+    def _entries(self, conn: sa.Connection, origin: int, keys: Sequence[str]) -> dict[str, str]:
         l = self.ledger
         mine = l.c.origin == origin
         if conn.dialect.name == "postgresql":
@@ -281,13 +292,20 @@ class State:
         return out
 
     def record(self, conn: sa.Connection, job: str, queue: str, origin: int, entries: Sequence[LedgerEntry],
-               quarantined: Sequence[Quarantined]) -> None:
+               quarantined: Sequence[Quarantined], ranged: bool = False) -> None:
+        """A batch's outcomes, in the caller's transaction. `ranged`: delivered and skipped keys
+        become bits of the range ledger; AlreadyRecorded (as a duplicate entry would raise an
+        IntegrityError) when another writer recorded one of them first."""
         now = naive_utc(utcnow())
         if entries:
+            each = entries
+            if ranged:  # every outcome a bit; a quarantined message also an entry, for its reason
+                self.ranges.mark(conn, origin, ((int(e.source_key), e.outcome) for e in entries))
+                each = [e for e in entries if e.outcome == "quarantined"]
             insert_values(conn, self.ledger, LEDGER_COLUMNS, [
                 (origin, e.source_key, str(e.message_id), job, queue, e.outcome, e.target,
                  (e.reason or None) and e.reason[:500], now)
-                for e in entries
+                for e in each
             ])
             self.totals.add(conn, job, queue, origin, batch_counts(entries))
         if quarantined:
@@ -312,6 +330,18 @@ class State:
         if numeric:
             stmt = stmt.order_by(sa.cast(l.c.source_key, sa.BigInteger))
         yield from conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000))
+
+    def recorded_keys(self, conn: sa.Connection, job: str, origin: int) -> Iterator[tuple[int, str]]:
+        """(key, outcome) of a ranged queue, ascending, each key once: its range bits (which any
+        job reading the queue set) merged with the job's per-message entries, an entry's word
+        first (a replay or discard changed it), both streamed."""
+        entries = ((int(k), 0, o) for k, o in self.ledger_keys(conn, job, origin, numeric=True))
+        bits = ((k, 1, o) for k, o in self.ranges.stream(conn, origin))
+        last = None
+        for key, _, outcome in heapq.merge(entries, bits):
+            if key != last:
+                last = key
+                yield key, outcome
 
     def quarantined(self, conn: sa.Connection, job: str, ids: Sequence[str] | None = None, raw: bool = True,
                     newest: int | None = None) -> list[dict[str, Any]]:

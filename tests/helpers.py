@@ -133,9 +133,16 @@ late_commit_window = "{self.window}"
         return c
 
     def ledger(self) -> Counter[str]:
+        """Messages per outcome: per-message entries, and the range ledger's bits (NGinn keys)."""
         with self.target.connect() as conn:
             name = self._qualified("qbridge_ledger")
-            return Counter(dict(conn.execute(sa.text(f"select outcome, count(*) from {name} group by outcome")).all()))
+            out = Counter(dict(conn.execute(sa.text(f"select outcome, count(*) from {name} group by outcome")).all()))
+            ranges = self._qualified("qbridge_ledger_ranges")
+            if sa.inspect(conn).has_table("qbridge_ledger_ranges", schema=self.target_schema):
+                for delivered, skipped in conn.execute(sa.text(f"select delivered, skipped from {ranges}")):
+                    out["delivered"] += int.from_bytes(delivered, "little").bit_count()
+                    out["skipped"] += int.from_bytes(skipped, "little").bit_count()
+            return +out
 
     # -- running qbridge ---------------------------------------------------------------------
     def cli(self, *args: str) -> int:
@@ -189,3 +196,27 @@ def walk_slices(source: Any, conn: sa.Connection, bounds: list, page_size: int) 
             cursor = last
         after = upto
     return seen
+
+
+def unfold_ranges(b: Bridge) -> int:
+    """Makes a ledger look like one an earlier qbridge made: every NGinn key an entry of its own,
+    no range ledger. Returns how many entries it wrote."""
+    from bridge.model import message_ids
+    from bridge.state import LEDGER_COLUMNS
+
+    runner = b.runner()
+    state, job = runner.state, runner.job.name
+    now = datetime.utcnow()
+    n = 0
+    with runner.target_engine.begin() as conn:
+        for queue, origin in runner.origins.items():
+            have = {int(k) for k, _ in state.ledger_keys(conn, job, origin)}
+            bits = [(k, o) for k, o in state.ranges.stream(conn, origin) if k not in have]
+            ids = message_ids(runner.job.source.system, runner.database, queue, [str(k) for k, _ in bits])
+            rows = [dict(zip(LEDGER_COLUMNS, (origin, str(k), mid, job, queue, o, None, None, now)))
+                    for (k, o), mid in zip(bits, ids)]
+            if rows:
+                conn.execute(state.ledger.insert(), rows)
+            n += len(rows)
+    state.ranges.table.drop(runner.target_engine)
+    return n

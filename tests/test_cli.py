@@ -155,7 +155,8 @@ def test_example_config_works_as_it_is(pg_server: str) -> None:
     from bridge.sources.nginn import queue_table
 
     tables = ["MQueue1", "Orders", "Orders.Delayed", "Unrouted", "Unrouted.Delayed", "error", "SubscriptionRouting",
-              "qbridge_ledger", "qbridge_checkpoint", "qbridge_quarantine", "qbridge_quarantine_audit"]
+              "qbridge_ledger", "qbridge_checkpoint", "qbridge_quarantine", "qbridge_quarantine_audit", "qbridge_totals",
+              "qbridge_ledger_ranges"]
 
     def clean() -> None:
         with engine.begin() as conn:

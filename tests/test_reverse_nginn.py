@@ -196,7 +196,8 @@ def test_forward_job_does_not_echo_a_message_back_to_its_nservicebus_queue(two_w
     assert tw.cli("sync", "--once", "--job", "from-legacy") == 0
     assert tw.nsb_count("Orders") == 1  # only the one that came from another NServiceBus queue
     with tw.engine.connect() as conn:
-        reason = conn.execute(sa.text(f"select reason from \"{tw.nsb_schema}\".qbridge_ledger where outcome = 'skipped'")).scalar_one()
+        # NGinn keys are range bits, which keep no reason; the totals count skips by rule.
+        reason = conn.execute(sa.text(f"select distinct reason from \"{tw.nsb_schema}\".qbridge_totals where outcome = 'skipped'")).scalar_one()
     assert reason.startswith("echo: the message came from nservicebus queue 'Orders'")
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import exc as sa_exc
 
 from bridge.db import unique_violation
 from bridge.errors import BadRow
+from bridge.ledger_ranges import AlreadyRecorded
 from bridge.model import message_ids
 from bridge.pipeline.job import JobSetup, LedgerConflict
 from bridge.pipeline.stats import PassStats
@@ -38,9 +39,10 @@ class Batch(JobSetup):
         stats.t_map += time.perf_counter() - mapped
         try:
             self.target.write(tconn, outs)
-            self.state.record(tconn, self.job.name, source.queue, self.origins[source.queue], entries, quarantined)
-        except sa_exc.IntegrityError as e:
-            if not unique_violation(e):
+            self.state.record(tconn, self.job.name, source.queue, self.origins[source.queue], entries, quarantined,
+                              ranged=source.cursor == "monotonic")
+        except (sa_exc.IntegrityError, AlreadyRecorded) as e:
+            if isinstance(e, sa_exc.IntegrityError) and not unique_violation(e):
                 raise
             raise LedgerConflict(
                 f"another qbridge process delivered messages of {source.queue!r} at the same time; the batch is rolled back and retried"
@@ -53,7 +55,7 @@ class Batch(JobSetup):
         keys = [source.ledger_key(r) for r in rows]
         ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
-            known = self.state.known(tconn, self.origins[source.queue], keys)
+            known = self.state.known(tconn, self.origins[source.queue], keys, ranged=source.cursor == "monotonic")
         # Each row's outcome goes into `known` as it is settled: a later copy of the same key in
         # this batch (a reverse job's message an endpoint sent twice) counts as already there.
         known = dict(known)

@@ -91,7 +91,7 @@ class JobSetup:
     def ledger_lookup(self, tconn: sa.Connection, source: Source, keys: Sequence[Any]) -> dict[Any, str]:
         """source key -> outcome, for those of `keys` already in the ledger."""
         texts = [str(k) for k in keys]
-        known = self.state.known(tconn, self.origins[source.queue], texts)
+        known = self.state.known(tconn, self.origins[source.queue], texts, ranged=source.cursor == "monotonic")
         return {k: known[t] for k, t in zip(keys, texts) if t in known}
 
     def check(self) -> None:

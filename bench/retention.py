@@ -31,17 +31,8 @@ scan = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(scan)
 
 PG, libpq, SRC, TGT, FIXTURE = scan.PG, scan.libpq, "qret_src", "qret_tgt", scan.FIXTURE
-CONFIG = """
-[connections]
-jms = "{pg}"
-nsb = "{pg}"
-[[jobs]]
-name = "retention"
-source = {{ system = "openjms", connection = "jms", queues = ["orders"], schema = "{src}" }}
-target = {{ connection = "nsb", flavor = "postgresql", schema = "{tgt}" }}
-mapping = "mapping.toml"
-mode = "move"
-batch_size = 1000
+# bench/scan_scale.py's job, in move mode, retention 1 minute, on a schedule.
+CONFIG = scan.CONFIG.replace('name = "scan"', 'name = "retention"') + """mode = "move"
 late_commit_window = "30s"
 ledger_retention = "1m"
 schedule = {{ every = "1s" }}

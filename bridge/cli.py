@@ -10,19 +10,18 @@ from collections.abc import Callable, Sequence
 from typing import ContextManager
 
 import orjson
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy import exc as sa_exc
 
-from bridge.config import Config, load_config
+from bridge.cli_common import err, out, runners_of
+from bridge.config import load_config
 from bridge.blob_inspect import INSPECTORS
 from bridge.errors import BridgeError, UsageError
 from bridge.pipeline.loop import JobRunner
 from bridge.pipeline.stats import summary_table
+from bridge.quarantine_cli import quarantine_command
 
 # Piped output (CI logs, `| less`) gets room for the summary tables instead of 80 columns.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 LOCK_WAIT = 30.0  # seconds `sync` and `migrate` wait for a job's lock
@@ -76,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     qa.add_argument("--why", metavar="TEXT", help="why (kept in the audit trail; say it for discard)")
     qa.add_argument("--by", metavar="NAME", help="who, for the audit trail (default: the login name)")
     qa.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    qa.add_argument("--raw", action="store_true", help="show: only the kept raw row, as JSON (to edit for replay --with)")
+    qa.add_argument("--with", dest="edited", metavar="FILE", help="replay: from this edited copy of the raw row "
+                    "(JSON, from `show --raw`; one --id); the key and identity columns cannot change")
     lg = cmd("ledger", "the ledger's upkeep: `prune` removes entries older than ledger_retention whose source rows are gone")
     lg.add_argument("action", choices=["prune"], help="prune: scan sources' and reverse jobs' entries that can no longer matter")
     lg.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
@@ -95,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level = "INFO"
     logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    handler: Callable[[argparse.Namespace], int] = globals()[f"cmd_{args.command}"]
+    handler: Callable[[argparse.Namespace], int] = (quarantine_command if args.command == "quarantine"
+                                                     else globals()[f"cmd_{args.command}"])
     try:
         return handler(args)
     except BridgeError as e:
@@ -116,15 +119,6 @@ def _label(e: BridgeError) -> str:
     if isinstance(e, DriverMissing):
         return "missing driver"
     return "config error" if isinstance(e, ConfigError) or e.exit_code == 2 else "error"
-
-
-def _runners(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:
-    from bridge.pipeline import gc_policy
-
-    config = load_config(args.config)
-    runners = [JobRunner(config, job) for job in config.select(getattr(args, "job", None))]
-    gc_policy.for_batches()
-    return config, runners
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -167,7 +161,7 @@ def _holding(args: argparse.Namespace, runners: list[JobRunner]) -> ContextManag
 def cmd_sync(args: argparse.Namespace) -> int:
     from bridge.pipeline.inprocess import run_inprocess
 
-    _, runners = _runners(args)
+    _, runners = runners_of(args)
     with _holding(args, runners):
         out.print(summary_table(run_inprocess(runners, console=err, attempts=args.retries)))
     return 0
@@ -176,7 +170,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from bridge.pipeline.spark import run_spark
 
-    config, runners = _runners(args)
+    config, runners = runners_of(args)
     if args.unit_rows is not None and args.unit_rows < 1:
         raise UsageError("--unit-rows must be at least 1")
     master = args.master
@@ -191,7 +185,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from bridge.scheduler import run_until_stopped
 
-    config, runners = _runners(args)
+    config, runners = runners_of(args)
     listen = args.listen or (config.service.listen if config.service else None)
     if listen:
         from bridge.listen import parse_listen
@@ -203,7 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from bridge.reconcile import verify
 
-    _, runners = _runners(args)
+    _, runners = runners_of(args)
     books = [verify(r, deep=args.deep) for r in runners]
     if args.json:
         sys.stdout.write(orjson.dumps({"balanced": all(b.balanced for b in books), "jobs": [b.to_json() for b in books]}).decode() + "\n")
@@ -237,7 +231,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from bridge.reconcile import status
 
-    _, runners = _runners(args)
+    _, runners = runners_of(args)
     rows = [status(r) for r in runners]
     if args.json:
         sys.stdout.write(orjson.dumps({"jobs": rows}).decode() + "\n")
@@ -256,101 +250,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-NO_REASON = "(no reason given)"
-
-
-def cmd_quarantine(args: argparse.Namespace) -> int:
-    if args.action in ("show", "replay", "discard") and not (args.ids or args.all):
-        raise UsageError(f"quarantine {args.action} needs --id ID... (see `qbridge quarantine list`) or --all")
-    if args.ids and args.all:
-        raise UsageError(f"quarantine {args.action}: give --id or --all, not both")
-    if args.action == "discard" and not (args.why or "").strip():
-        # The command line GUIDE.md promises works without --why; the audit trail says so.
-        args.why = NO_REASON
-        err.print(f"qbridge: discarding without --why: the audit trail records {NO_REASON!r}", markup=False, highlight=False)
-    if args.action in ("replay", "discard"):
-        return _quarantine_settle(args)
-    if args.action == "history":
-        return _quarantine_history(args)
-    _, runners = _runners(args)
-    jobs = []
-    for r in runners:
-        with r.target_engine.connect() as conn:
-            rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show")
-        jobs.append({"job": r.job.name, "quarantined": rows})
-    missing = _not_in_quarantine(args.ids, {row["message_id"] for j in jobs for row in j["quarantined"]})
-    if args.json:
-        sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
-    elif args.action == "list":
-        t = Table(title="qbridge quarantine")
-        for col in ("job", "queue", "source key", "message id", "since", "reason"):
-            t.add_column(col)
-        for j in jobs:
-            for row in j["quarantined"]:
-                t.add_row(j["job"], row["queue"], row["source_key"], row["message_id"], row["at"], row["reason"])
-        out.print(t)
-    else:
-        out.print_json(data={"jobs": jobs})
-    return 1 if missing else 0
-
-
-def _not_in_quarantine(ids: list[str] | None, found: set[str]) -> list[str]:
-    """The asked-for ids that were not found, said on stderr."""
-    missing = [i for i in (ids or []) if i not in found]
-    if missing:
-        err.print(f"qbridge: not in quarantine: {', '.join(missing)}", markup=False, highlight=False)
-    return missing
-
-
-def _quarantine_settle(args: argparse.Namespace) -> int:
-    from bridge.quarantine import QuarantineDesk, operator
-
-    _, runners = _runners(args)
-    actor = (args.by or "").strip() or operator()
-    results = []
-    for r in runners:
-        desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
-        results += desk.replay(args.ids) if args.action == "replay" else desk.discard(args.ids)
-    missing = _not_in_quarantine(args.ids, {o.message_id for o in results})
-    if args.json:
-        sys.stdout.write(orjson.dumps({"actor": actor, "results": [o.as_dict() for o in results]}).decode() + "\n")
-    else:
-        t = Table(title=f"qbridge quarantine {args.action} (by {actor})")
-        for col in ("job", "queue", "message id", "did", "now", "detail"):
-            t.add_column(col)
-        for o in results:
-            t.add_row(o.job, o.queue, o.message_id, o.action, o.outcome, o.detail)
-        out.print(t)
-    failed = [o for o in results if o.action == "replay-failed"]
-    return 1 if failed or missing else 0
-
-
-def _quarantine_history(args: argparse.Namespace) -> int:
-    _, runners = _runners(args)
-    jobs = []
-    for r in runners:
-        with r.target_engine.connect() as conn:
-            jobs.append({"job": r.job.name, "history": r.state.audit_trail(conn, r.job.name, args.ids)})
-    if args.json:
-        sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
-        return 0
-    t = Table(title="qbridge quarantine history")
-    for col in ("at (UTC)", "job/queue", "message id", "did", "by", "why", "reason"):
-        t.add_column(col)
-    for j in jobs:
-        for h in j["history"]:
-            did = f"{h['action']} → {h['detail']}" if h["action"] == "replayed" else h["action"]
-            reason = h["detail"] if h["action"] == "replay-failed" else h["reason"]  # the reason it has now, or had
-            t.add_row(h["at"][:19].replace("T", " "), f"{j['job']}/{h['queue']}", h["message_id"], did, h["actor"],
-                      h["why"] or "", reason)
-    out.print(t)
-    return 0
-
-
 def cmd_ledger(args: argparse.Namespace) -> int:
     from bridge.prune import prune
 
-    _, runners = _runners(args)
+    _, runners = runners_of(args)
     results = [p for r in runners for p in prune(r, dry_run=args.dry_run)]
     if args.json:
         sys.stdout.write(orjson.dumps({"dry_run": args.dry_run, "queues": [p.as_dict() for p in results]}).decode() + "\n")

@@ -56,6 +56,9 @@ class Outcome:
         return dict(self.__dict__)
 
 
+_ABSENT = object()  # a column the kept or the edited row does not have
+
+
 class _AlreadyThere(Exception):
     """The target holds the message's id already (the transaction was rolled back)."""
 
@@ -75,6 +78,27 @@ class QuarantineDesk:
         out = []
         for q in self._rows(ids):
             out.append(self._replay_one(q))
+        return out
+
+    def replay_edited(self, message_id: str, edited: dict[str, Any]) -> list[Outcome]:
+        """Replays one message from an operator's edited copy of its raw row (ServicePulse's edit
+        and retry). The key and the source's identity columns are locked, so the message keeps
+        its id and Outbox endpoints still de-duplicate; the audit trail keeps the row as it was
+        kept, which columns changed and the row after the edit. The quarantine keeps the kept
+        row should the edited one fail too."""
+        out = []
+        for q in self._rows([message_id]):
+            source = self.runner.sources.get(q["queue"])
+            kept = q["raw"]
+            changed = sorted(k for k in set(kept) | set(edited) if kept.get(k, _ABSENT) != edited.get(k, _ABSENT))
+            locked = [k for k in changed if source is not None and k in source.identity_fields]
+            if locked:
+                out.append(Outcome(self.runner.job.name, q["queue"], message_id, q["source_key"], "replay-failed", "quarantined",
+                                   f"the edit changes {', '.join(locked)}, which identify the message (its id would "
+                                   "change and Outbox endpoints could not de-duplicate it); nothing done"))
+                continue
+            edit = f"edited {', '.join(changed) or 'nothing'}; the row after the edit: {orjson.dumps(edited).decode()}"
+            out.append(self._replay_one({**q, "raw": edited, "kept_raw": kept, "edit": edit}))
         return out
 
     def discard(self, ids: list[str] | None) -> list[Outcome]:
@@ -222,6 +246,6 @@ class QuarantineDesk:
         tconn.execute(sa.insert(self.state.audit).values(
             at=naive_utc(utcnow()), job=self.runner.job.name, queue=q["queue"], message_id=q["message_id"],
             source_key=q["source_key"], action=action, outcome=outcome, actor=self.actor, why=self.why,
-            reason=q["reason"], detail=detail, quarantined_at=naive_utc(datetime.fromisoformat(q["at"])),
-            raw=orjson.dumps(q["raw"]).decode(),
+            reason=q["reason"], detail=f"{detail} ({q['edit']})" if "edit" in q else detail,
+            quarantined_at=naive_utc(datetime.fromisoformat(q["at"])), raw=orjson.dumps(q.get("kept_raw", q["raw"])).decode(),
         ))

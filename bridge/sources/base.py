@@ -38,6 +38,9 @@ class Source:
     # "scan": no such key; every pass lists all keys and the ledger says which are new.
     # "queue": every row read is consumed, so each pass reads the head of the queue (move only).
     cursor: ClassVar[str] = "monotonic"
+    # Raw-row columns that identify a message: an operator's edit before a replay may not change
+    # them (bridge.quarantine.QuarantineDesk.replay_edited), nor the key the ledger has it under.
+    identity_fields: ClassVar[frozenset[str]] = frozenset()
     # Move mode takes quarantined rows out of the source too (they are kept in qbridge's
     # quarantine). Only for sources where a row left behind would be read again for ever.
     consumes_quarantined: ClassVar[bool] = False

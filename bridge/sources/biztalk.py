@@ -58,6 +58,7 @@ def header_text(value: Any) -> str:
 class BizTalkSource(ScanSource):
     system: ClassVar[str] = "biztalk"
     time_columns: ClassVar[frozenset[str]] = frozenset({"dtTimeStamp", "dtExpiration", "dtSuspendTimeStamp"})
+    identity_fields: ClassVar[frozenset[str]] = frozenset({"uidMessageID", "uidInstanceID", "kind", "spool_id"})
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)

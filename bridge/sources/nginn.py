@@ -72,6 +72,7 @@ class NGinnSource(Source):
     system: ClassVar[str] = "nginn"
     translated_headers: ClassVar[frozenset[str]] = codec.TRANSLATED
     time_columns: ClassVar[frozenset[str]] = frozenset({"insert_time", "retry_time", "last_processed"})
+    identity_fields: ClassVar[frozenset[str]] = frozenset({"id", "unique_id"})
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)

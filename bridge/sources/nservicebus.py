@@ -55,6 +55,9 @@ class NServiceBusSource(Source):
     # A poison row would otherwise sit at the head of the queue for ever: it is kept, whole, in
     # qbridge's quarantine and taken off the queue, as the transport moves one to `error`.
     consumes_quarantined: ClassVar[bool] = True
+    # The headers carry NServiceBus.MessageId, the ledger's key: an edit that changes it is
+    # refused by the message id check of the replay itself.
+    identity_fields: ClassVar[frozenset[str]] = frozenset({"table", "key"})
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)

@@ -74,6 +74,7 @@ def _json_value(prop: dict[str, Any]) -> Any:
 
 class OpenJMSSource(ScanSource):
     system: ClassVar[str] = "openjms"
+    identity_fields: ClassVar[frozenset[str]] = frozenset({"messageid", "consumerid", "consumer", "message_row"})
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)

@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
 
     d = cmd("demo", "build SQLite legacy databases with sample data, migrate them into an NServiceBus-shaped SQLite target, print what moved", config=False, job=False)
     d.add_argument("--dir", help="keep the demo databases and config here (default: a temporary directory)")
+    dc = cmd("discover", "list what a legacy database holds that qbridge can migrate (queues, counts, types seen)", config=False, job=False)
+    dc.add_argument("url", help="the legacy database's SQLAlchemy URL (a password in it is never printed)")
+    dc.add_argument("--schema", help="the schema the legacy tables are in (default: the database's default)")
+    dc.add_argument("--write", metavar="DIR", help="write a starter config.toml and mapping per system there")
+    dc.add_argument("--sample", type=int, default=200, metavar="N", help="messages decoded per queue for the types seen (default 200)")
+    dc.add_argument("--json", action="store_true", help="one JSON document on stdout")
     i = cmd("init", "create the target queue, delayed, subscription, error and state tables that are missing")
     i.add_argument("--print-sql", action="store_true", help="print the DDL for a DBA instead of running it")
     m = cmd("migrate", "bulk migration of everything the legacy queues hold now")
@@ -119,6 +125,12 @@ def _label(e: BridgeError) -> str:
     if isinstance(e, DriverMissing):
         return "missing driver"
     return "config error" if isinstance(e, ConfigError) or e.exit_code == 2 else "error"
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    from bridge.discover_cli import discover_command
+
+    return discover_command(args)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -7,6 +7,11 @@ trusts the bits alone would not see an entry still waiting to be folded. Each tr
 up to CHUNK entries of one queue, sets their bits and deletes exactly those entries, so a fold
 cut off anywhere resumes where it stopped on the next `init`. A quarantined entry gets its bit
 and stays (its reason; its row waits in the quarantine).
+
+The fold refuses, changing nothing, while the ledger holds entries of a queue the config does not
+name: the ledger does not say which system such a queue is, and once the range ledger is in place
+nothing folds again, so an NGinn queue's entries left out would stay entries for ever, unseen by a
+Spark unit that trusts the bits (its messages delivered again).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.errors import TargetSchemaError
 from bridge.ledger_ranges import RANGES, Ranges, ranges_table
 from bridge.ledger_upgrade import rename_sql, without_ranges
 from bridge.sources import source_class
@@ -40,6 +46,7 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
         with conn.begin():
             if not without_ranges(conn, schema):
                 return None
+            _check_origins(conn, State(schema), origins, connection)
         new = ranges_table(schema, sa.MetaData(), name=RANGES_NEW)
         with conn.begin():
             new.create(conn, checkfirst=True)  # kept when a fold was cut off: it resumes
@@ -66,3 +73,18 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
     with engine.begin() as conn:
         conn.execute(rename_sql(engine.dialect, schema, RANGES_NEW, RANGES))
     return total
+
+
+def _check_origins(conn: sa.Connection, state: State, origins: Sequence[Any], connection: str) -> None:
+    """Refuses when the ledger holds entries of queues `origins` (the whole config's) do not name."""
+    l = state.ledger
+    known = sorted({o.origin for o in origins})
+    stray = conn.execute(sa.select(l.c.job, l.c.queue, sa.func.count()).where(l.c.origin.not_in(known))
+                         .group_by(l.c.job, l.c.queue).order_by(l.c.job, l.c.queue)).all()
+    if stray:
+        raise TargetSchemaError(
+            f"{connection!r}: the ledger made by an earlier qbridge cannot be folded into ranges; nothing was folded: "
+            + "; ".join(f"{n} entries of job {job!r} queue {queue!r}, which this config does not have (or reads under "
+                        "another source identity)" for job, queue, n in stray)
+            + ". Put those jobs and queues back in the config (their sources as they were; every config sharing this "
+              "database in one) and run init again: an NGinn queue's entries left unfolded would be delivered again")

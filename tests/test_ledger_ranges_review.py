@@ -1,0 +1,53 @@
+"""A review of f9a76a1 (NGinn's ledger as ranges): interleavings and upgrade paths that could
+lose or double a message, or make verify lie.
+
+Since f9a76a1 a delivered or skipped NGinn message has a bit and no per-message entry, and a
+Spark unit's first attempt looks nothing up: the bits' conflict check is all that stops it from
+delivering a message again. Every entry of an earlier per-message ledger must therefore become a
+bit before any command runs against it; `init` folds only the queues of the config it is given,
+and once it has renamed the range ledger into place nothing ever folds the rest.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from bridge.samples import nginn_row
+from helpers import unfold_ranges
+
+
+def test_init_never_leaves_nginn_entries_of_a_queue_missing_from_its_config_unfolded(make, capsys) -> None:
+    """An earlier qbridge delivered MQueue2 (a migration cut off: its checkpoint never moved).
+    After the upgrade, `qbridge init` is first run with a config without MQueue2 (another config
+    file shares the target, or the queue was taken out for a while): it must not fold the ledger
+    then, for once the range ledger is in place every command trusts it, and a later init does
+    nothing. The migration run again would deliver every message of MQueue2 a second time: its
+    first attempt trusts the bits, and MQueue2's messages have entries but no bits."""
+    b = make(queues=["MQueue1", "MQueue2"], batch_size=50)
+    now = b.now_local()
+    b.insert([nginn_row("MQueue1", i, now) for i in range(1, 11)])
+    ids = b.insert([nginn_row("MQueue2", i, now) for i in range(1, 31)], queue="MQueue2")
+    first = b.runner()
+    first.check()
+    first.run_range("MQueue2", ids[0] - 1, ids[-1])  # a Spark unit: the checkpoint stays where it was
+    assert b.count("Billing") == 30
+    assert unfold_ranges(b) == 30  # as an earlier qbridge left it: an entry per message
+
+    b.queues = ["MQueue1"]
+    b.write_config()
+    without = b.cli("init")
+    b.queues = ["MQueue1", "MQueue2"]
+    b.write_config()
+    assert b.cli("init") == 0
+    capsys.readouterr()
+
+    again = b.runner()  # the migration run again: a new process, each unit's first attempt optimistic
+    again.check()
+    result = again.run_range("MQueue2", ids[0] - 1, ids[-1])
+    assert b.count("Billing") == 30, "MQueue2's messages were delivered a second time"
+    assert (result.stats.delivered, result.stats.already) == (0, 30)
+    assert without != 0  # refused, nothing changed: MQueue2's entries are not this config's
+    with b.target.connect() as conn:
+        entries = conn.execute(sa.text(f"select count(*) from {b._qualified('qbridge_ledger')}")).scalar_one()
+    assert entries == 0 and b.ledger() == {"delivered": 30}
+    assert b.cli("verify") == 0

@@ -76,6 +76,11 @@ def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
                     # A range keeps no target: the row mapped again says where it went.
                     targets.update(t for t in (target, where) if t)
                     recomputed[queue].append((key, mid, now))
+        if any(s.cursor == "monotonic" for s in runner.sources.values()):
+            # A range keeps no target, and a row that no longer maps (gone from the source, or
+            # unreadable now) names none: read every table the job's messages can go to, lest
+            # a message still there be counted as consumed.
+            targets |= _possible_targets(runner, tconn)
         in_target = _target_digests(runner, tconn, targets)
         for queue, entries in recomputed.items():
             b = books[queue]
@@ -95,6 +100,19 @@ def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
 
 
 GONE = object()  # a delivered message's source row that is no longer there
+
+
+def _possible_targets(runner: JobRunner, tconn: sa.Connection) -> set[str]:
+    """The tables (as the ledger names them) a message of the job can go to, of those that exist."""
+    queues = set(runner.mapping.target_queues())
+    names = queues | {f"{q}.Delayed" for q in queues} | {runner.job.target.error_queue, runner.job.target.audit_queue}
+    insp = sa.inspect(tconn)
+    out = set()
+    for name in names:
+        table = runner.tables.delayed(name[: -len(".Delayed")]) if name.endswith(".Delayed") else runner.tables.queue(name)
+        if insp.has_table(table.name, schema=table.schema):
+            out.add(name)
+    return out
 
 
 def _delivered(runner: JobRunner, tconn: sa.Connection) -> dict[str, list[tuple[str, str, str | None]]]:

@@ -51,3 +51,32 @@ def test_init_never_leaves_nginn_entries_of_a_queue_missing_from_its_config_unfo
         entries = conn.execute(sa.text(f"select count(*) from {b._qualified('qbridge_ledger')}")).scalar_one()
     assert entries == 0 and b.ledger() == {"delivered": 30}
     assert b.cli("verify") == 0
+
+
+def test_verify_deep_does_not_call_a_message_still_in_the_target_consumed(tmp_path) -> None:
+    """A range keeps no target table, so `verify --deep` maps the source row again to find where
+    its message went. A row that no longer maps (its legacy row deleted by a cleanup, or changed
+    so that it no longer decodes) names no table; when no other row names that table either, it
+    is not read at all, and messages sitting in it were counted as consumed by an endpoint,
+    with exit 0. They are there, and differ from what their rows make today: mismatched."""
+    from test_verify_deep import verify_json
+
+    from helpers import Bridge
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    ids = b.insert(b.ready(2))
+    assert b.cli("sync", "--once") == 0
+    code, doc = verify_json(b, "--deep")
+    assert code == 0 and doc["jobs"][0]["queues"][0]["deep"]["matched"] == 2
+    t = b.tables["MQueue1"]
+    with b.source.begin() as conn:  # legacy cleanup took one row; someone broke the other
+        conn.execute(t.delete().where(t.c.id == ids[0]))
+        conn.execute(t.update().where(t.c.id == ids[1]).values(subqueue="Z"))
+    assert b.count("Orders") == 2
+    code, doc = verify_json(b, "--deep")
+    deep = doc["jobs"][0]["queues"][0]["deep"]
+    assert deep["consumed"] == 0, deep
+    assert deep["mismatched"] == 2 and code == 1
+    assert sorted(deep["mismatched_keys"]) == sorted([f"{ids[0]} (no longer in the source)", str(ids[1])])
+    b.dispose()

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     dc.add_argument("--write", metavar="DIR", help="write a starter config.toml and mapping per system there")
     dc.add_argument("--sample", type=int, default=200, metavar="N", help="messages decoded per queue for the types seen (default 200)")
     dc.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    pv = cmd("preview", "what migrate would do, read and mapped as it would, writing nothing anywhere (SELECT rights suffice)")
+    pv.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    pv.add_argument("--fail-on", choices=["quarantine"], help="quarantine: exit 1 when anything would be quarantined (a gate before a cutover)")
     i = cmd("init", "create the target queue, delayed, subscription, error and state tables that are missing")
     i.add_argument("--print-sql", action="store_true", help="print the DDL for a DBA instead of running it")
     m = cmd("migrate", "bulk migration of everything the legacy queues hold now")
@@ -131,6 +134,12 @@ def cmd_discover(args: argparse.Namespace) -> int:
     from bridge.discover_cli import discover_command
 
     return discover_command(args)
+
+
+def cmd_preview(args: argparse.Namespace) -> int:
+    from bridge.preview_cli import preview_command
+
+    return preview_command(args)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -1,0 +1,198 @@
+"""`qbridge preview`: what `migrate` would do, read and mapped exactly as it would, writing
+nothing anywhere (issue 28).
+
+Every pending row of every queue of a job is read in batches, looked up in the ledger, decoded
+and mapped by the job's own runner (the fast lane first, the validated path for the rest, as a
+batch does), and counted: by legacy state, by target table, by skip rule, by quarantine reason
+(with a few example keys), already delivered, types the mapping has no `[types]` entry for. It
+opens its own connections, read-only on PostgreSQL, and never creates a checkpoint, so a role
+with SELECT rights alone on both sides can run it. Memory is bounded by a batch and by the caps
+on distinct reasons and types kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import sqlalchemy as sa
+
+from bridge.errors import SourceSchemaError
+from bridge.ledger_upgrade import require_current
+from bridge.pipeline.loop import JobRunner
+from bridge.sources import Source, SourceRow
+from bridge.targets.base import Skipped, Target
+
+REASONS = 100  # distinct quarantine reasons kept per queue; the rest are counted together
+EXAMPLES = 3  # example keys per reason
+TYPES = 1000  # distinct unmapped types kept per queue
+QUEUE_HEAD = 10_000  # rows of a reverse job's proxy queue previewed (its head: consumed rows leave it)
+OTHER = "(other reasons)"
+
+
+@dataclass
+class QueuePreview:
+    queue: str
+    rows: int = 0
+    states: Counter[str] = field(default_factory=Counter)  # legacy state; "unreadable" when it cannot be decoded
+    tables: Counter[str] = field(default_factory=Counter)  # target table -> rows it would get
+    skipped: Counter[str] = field(default_factory=Counter)  # mapping rule -> rows
+    already: int = 0  # in the ledger: delivered, skipped or quarantined before
+    quarantined: dict[str, dict[str, Any]] = field(default_factory=dict)  # reason -> {"count", "examples"}
+    untyped: Counter[str] = field(default_factory=Counter)  # legacy types with no [types] entry
+    head_only: bool = False  # a reverse job's proxy queue: its first QUEUE_HEAD rows
+    problem: str | None = None  # why it could not be read (a table missing), said instead of counts
+
+    @property
+    def quarantine_count(self) -> int:
+        return sum(q["count"] for q in self.quarantined.values())
+
+    def quarantine(self, reason: str, key: str) -> None:
+        if reason not in self.quarantined and len(self.quarantined) >= REASONS:
+            reason = OTHER
+        q = self.quarantined.setdefault(reason, {"count": 0, "examples": []})
+        q["count"] += 1
+        if len(q["examples"]) < EXAMPLES:
+            q["examples"].append(key)
+
+
+@dataclass
+class JobPreview:
+    job: str
+    queues: list[QueuePreview] = field(default_factory=list)
+    subscriptions: list[dict[str, str]] = field(default_factory=list)  # would be migrated
+    unroutable: list[dict[str, str]] = field(default_factory=list)  # cannot be, with the reason
+    missing_tables: list[str] = field(default_factory=list)  # what `init` would create
+    seconds: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return sum(q.rows for q in self.queues)
+
+    @property
+    def to_write(self) -> int:
+        return sum(sum(q.tables.values()) for q in self.queues)
+
+    def to_json(self) -> dict[str, Any]:
+        rate = self.rows / self.seconds if self.seconds else None
+        # asdict would rebuild each Counter from its items (counting the pairs): dict() them first.
+        queues = [{f.name: (dict(v) if isinstance(v := getattr(q, f.name), Counter) else v) for f in fields(q)}
+                  for q in self.queues]
+        return {**asdict(self), "queues": queues, "rows": self.rows, "rate": rate,
+                "estimated_migrate_seconds": (self.rows / rate) if rate else 0.0,
+                "quarantined": sum(q.quarantine_count for q in self.queues)}
+
+
+def preview(runner: JobRunner, missing_tables: list[str]) -> JobPreview:
+    """Reads and maps every pending row of the job's queues; writes nothing."""
+    out = JobPreview(runner.job.name, missing_tables=missing_tables)
+    started = time.monotonic()
+    source_engine, target_engine = _reader(runner.source_url), _reader(runner.target_url)
+    try:
+        with _connect(source_engine) as sconn, _connect(source_engine) as kconn, _connect(target_engine) as tconn:
+            l = runner.state.ledger
+            ledger = sa.inspect(tconn).has_table(l.name, schema=l.schema)  # before `init`, nothing is delivered yet
+            if ledger:
+                require_current(tconn, runner.state.ledger.schema, runner.job.target.connection)
+            for queue, source in runner.sources.items():
+                q = QueuePreview(queue, head_only=source.cursor == "queue")
+                out.queues.append(q)
+                try:
+                    source.check_schema(sconn)
+                except SourceSchemaError as e:
+                    q.problem = str(e)  # a reverse job's proxy queue before `init`, or a legacy table missing
+                    continue
+                for rows in _batches(runner, source, sconn, kconn):
+                    _count(runner, source, tconn if ledger else None, rows, q)
+            if not runner.job.reverse:
+                _subscriptions(runner, sconn, out)
+    finally:
+        source_engine.dispose()
+        target_engine.dispose()
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def _reader(url: str) -> sa.Engine:
+    """An engine of its own: no BEGIN IMMEDIATE on SQLite (it would lock the legacy writers out)."""
+    return sa.create_engine(url)
+
+
+def _connect(engine: sa.Engine) -> sa.Connection:
+    conn = engine.connect()
+    if engine.dialect.name == "postgresql":
+        conn = conn.execution_options(postgresql_readonly=True)
+    return conn
+
+
+def _batches(runner: JobRunner, source: Source, sconn: sa.Connection, kconn: sa.Connection):
+    size = runner.job.batch_size
+    if source.cursor == "monotonic":
+        cursor = None
+        while True:
+            rows = source.fetch_after(sconn, cursor, size, False)
+            if rows:
+                yield rows
+            if len(rows) < size:
+                return
+            cursor = rows[-1].key
+    elif source.cursor == "scan":
+        keys = source.iter_keys(kconn)
+        for chunk in iter(lambda: list(itertools.islice(keys, size)), []):
+            yield source.fetch_keys(sconn, chunk, False)
+    else:
+        yield source.fetch_after(sconn, None, QUEUE_HEAD, False)
+
+
+def _count(runner: JobRunner, source: Source, tconn: sa.Connection | None, rows: list[SourceRow], q: QueuePreview) -> None:
+    keys = [source.ledger_key(r) for r in rows]
+    known = runner.state.known(tconn, runner.origins[source.queue], keys, ranged=source.cursor == "monotonic") if tconn else {}
+    translated = getattr(source, "translated_headers", frozenset())
+    types = runner.mapping.types
+    for row, key in zip(rows, keys):
+        q.rows += 1
+        if key in known:
+            q.already += 1
+            continue
+        state, enclosed, result, reason = _map(runner, source, row, translated)
+        q.states[state] += 1
+        for t in enclosed:
+            if t not in types and (t in q.untyped or len(q.untyped) < TYPES):
+                q.untyped[t] += 1
+        if result is None:
+            q.quarantine(reason, key)
+        elif isinstance(result, Skipped):
+            q.skipped[result.reason] += 1
+        else:
+            q.tables[runner.target.ledger_target(result)] += 1
+
+
+def _map(runner: JobRunner, source: Source, row: SourceRow, translated: frozenset[str]) -> tuple[str, list[str], Any, str]:
+    """(legacy state, its legacy types, what the target makes of it or None, why not): the fast
+    lane when source and target have one, else the validated path, as a batch maps a row."""
+    if type(source).plain is not Source.plain and type(runner.target).plain_envelope is not Target.plain_envelope:
+        try:
+            plain = source.plain(row, str(runner.message_id(source, row)))
+            out = runner.target.plain_envelope(plain, translated) if plain is not None else None
+            if out is not None:
+                return plain.state, plain.enclosed_types, out, ""
+        except Exception:  # noqa: BLE001 - the validated path reads it again and says what is wrong
+            pass
+    msg, result, reason = runner.map_row(source, row, translated)
+    return (msg.state, list(msg.enclosed_types), result, "") if msg is not None else ("unreadable", [], None, reason)
+
+
+def _subscriptions(runner: JobRunner, sconn: sa.Connection, out: JobPreview) -> None:
+    subs = sorted({s for source in runner.sources.values() for s in source.subscriptions(sconn)},
+                  key=lambda s: (s.endpoint, s.topic))
+    for s in subs:
+        row = {"endpoint": s.endpoint, "topic": s.topic}
+        if s.endpoint in runner.mapping.routes:
+            out.subscriptions.append({**row, "to": runner.mapping.routes[s.endpoint], "as": runner.mapping.map_topic(s.topic)})
+        else:
+            out.unroutable.append({**row, "reason": "no route for the subscriber queue"})
+    for source in runner.sources.values():
+        out.unroutable += getattr(source, "unexpressible", lambda conn: [])(sconn)

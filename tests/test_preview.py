@@ -1,0 +1,133 @@
+"""`qbridge preview` (issue 28): what migrate would do, counted exactly as it then does, with
+nothing written anywhere; a role with SELECT rights alone can run it; `--fail-on quarantine`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from bridge.cli import main as cli
+from bridge.demo import build
+from helpers import Bridge
+from test_secrets_and_privileges import PASSWORD, app_role  # noqa: F401 - a fixture
+
+
+def _preview(config: Path, capsys, *args: str) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = cli(["preview", "-c", str(config), "--json", *args])
+    return code, {j["job"]: j for j in json.loads(capsys.readouterr().out)["jobs"]}
+
+
+def _tables(path: Path) -> list[str]:
+    engine = sa.create_engine(f"sqlite:///{path}")
+    try:
+        return sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+
+
+def test_preview_of_the_demo_writes_nothing_and_migrate_then_does_what_it_said(tmp_path: Path, capsys) -> None:
+    config = build(tmp_path)
+    legacy = (tmp_path / "legacy-nginn.db").read_bytes()
+    code, jobs = _preview(config, capsys)
+    assert code == 0
+    assert not _tables(tmp_path / "nservicebus.db")  # no table, no checkpoint, nothing
+    assert (tmp_path / "legacy-nginn.db").read_bytes() == legacy
+    nginn = jobs["nginn-orders"]
+    assert "nsb: qbridge_ledger" in nginn["missing_tables"] and "nsb: Orders" in nginn["missing_tables"]
+    q = {x["queue"]: x for x in nginn["queues"]}["MQueue1"]
+    assert q["rows"] == 26 and q["already"] == 0
+    assert set(q["states"]) >= {"ready", "delayed", "failed", "processed", "unreadable"}
+    assert sum(r["count"] for r in q["quarantined"].values()) == 2
+    assert all(r["examples"] for r in q["quarantined"].values())
+    assert any("Filter=a=b" in reason or "=" in reason for reason in q["quarantined"])
+    assert nginn["subscriptions"] and nginn["quarantined"] >= 2
+    jms = jobs["openjms-orders"]
+    assert jms["unroutable"] == [{"endpoint": "archive-sub", "topic": "prices.eu", "reason": "no route for the subscriber queue"}]
+
+    # Now do it: what sync delivers, skips and quarantines is what preview said.
+    assert cli(["init", "-c", str(config)]) == 0
+    assert cli(["sync", "--once", "-c", str(config), "--job", "nginn-orders"]) == 0
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/nservicebus.db")
+    with engine.connect() as conn:
+        for table, n in q["tables"].items():
+            assert conn.execute(sa.text(f'select count(*) from "{table}"')).scalar_one() >= n
+        quarantined = conn.execute(sa.text("select count(*) from qbridge_quarantine where queue = 'MQueue1'")).scalar_one()
+    engine.dispose()
+    assert quarantined == 2
+    code, jobs = _preview(config, capsys, "--job", "nginn-orders")
+    again = {x["queue"]: x for x in jobs["nginn-orders"]["queues"]}["MQueue1"]
+    assert again["already"] == 26 and not again["tables"] and not again["quarantined"]
+    assert jobs["nginn-orders"]["missing_tables"] == []
+
+
+def test_fail_on_quarantine_is_a_gate(tmp_path: Path, capsys) -> None:
+    config = build(tmp_path)
+    assert cli(["preview", "-c", str(config), "--job", "nginn-orders", "--fail-on", "quarantine"]) == 1
+    assert "would quarantine" in capsys.readouterr().out
+    assert cli(["preview", "-c", str(config), "--job", "biztalk-orders", "--fail-on", "quarantine"]) == 0
+
+
+def test_counts_agree_with_sync_on_postgresql(make, capsys) -> None:
+    from bridge.samples import nginn_row
+
+    b: Bridge = make(batch_size=7)
+    now = b.now_local()
+    b.insert([nginn_row("MQueue1", i, now, subqueue={0: "X", 1: "R", 2: "F"}.get(i % 10, "I"),
+                        headers="Filter=a=b" if i % 17 == 0 else "") for i in range(1, 101)])
+    code, jobs = _preview(b.config, capsys)
+    q = jobs["job1"]["queues"][0]
+    assert code == 0 and q["rows"] == 100
+    assert b.cli("sync", "--once") == 0
+    assert q["tables"] == {t: n for t, n in (("Orders", b.count("Orders")), ("Orders.Delayed", b.count("Orders.Delayed")),
+                                             ("error", b.count("error"))) if n}
+    ledger = b.ledger()
+    assert sum(q["skipped"].values()) == ledger["skipped"]
+    assert sum(r["count"] for r in q["quarantined"].values()) == ledger["quarantined"]
+
+
+def test_a_role_with_select_rights_alone_runs_it(tmp_path: Path, pg_server: str, pg_schema: str, app_role: str) -> None:  # noqa: F811
+    b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema)
+    assert b.cli("init") == 0
+    b.insert(b.ready(30))
+    with b.source.begin() as conn:
+        conn.execute(sa.text(f'GRANT USAGE ON SCHEMA "{pg_schema}" TO {app_role}'))
+        conn.execute(sa.text(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{pg_schema}" TO {app_role}'))
+    url = "postgresql+psycopg://" + app_role + ":${QB_TEST_PG_PASSWORD}@127.0.0.1/test"
+    b.config.write_text(b.config.read_text().replace(f'"{pg_server}"', f'"{url}"'))
+    with b.target.connect() as conn:
+        before = conn.execute(sa.text(f'select count(*) from "{pg_schema}".qbridge_checkpoint')).scalar_one()
+    r = subprocess.run([sys.executable, "-m", "bridge.cli", "preview", "-c", str(b.config), "--json"], capture_output=True,
+                       text=True, env={**__import__("os").environ, "QB_TEST_PG_PASSWORD": PASSWORD}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    [job] = json.loads(r.stdout)["jobs"]
+    assert job["queues"][0]["tables"] == {"Orders": 30}
+    # The same role cannot sync: it would have to write (so preview really wrote nothing).
+    r = subprocess.run([sys.executable, "-m", "bridge.cli", "sync", "--once", "-c", str(b.config), "--retries", "1"],
+                       capture_output=True, text=True, env={**__import__("os").environ, "QB_TEST_PG_PASSWORD": PASSWORD},
+                       timeout=120)
+    assert r.returncode == 1 and "permission denied" in r.stderr
+    with b.target.connect() as conn:
+        assert conn.execute(sa.text(f'select count(*) from "{pg_schema}".qbridge_checkpoint')).scalar_one() == before
+    assert b.count("Orders") == 0
+    b.dispose()
+
+
+@pytest.mark.mariadb
+def test_openjms_on_mariadb(request, tmp_path: Path, pg_server: str, pg_schema: str, capsys) -> None:
+    from test_openjms_source import make_jms
+
+    for j in make_jms("mariadb", request, tmp_path, pg_server, pg_schema):
+        j.queue_message("ID:q-1")
+        j.queue_message("ID:q-2")
+        code, jobs = _preview(j.config, capsys)
+        q = {x["queue"]: x for x in jobs["job1"]["queues"]}
+        assert code == 0 and q["orders"]["tables"] == {"Orders": 2}
+        assert j.cli("sync", "--once") == 0 and j.count("Orders") == 2
+        code, jobs = _preview(j.config, capsys)
+        assert {x["queue"]: x for x in jobs["job1"]["queues"]}["orders"]["already"] == 2

@@ -9,9 +9,13 @@ cut off anywhere resumes where it stopped on the next `init`. A quarantined entr
 and stays (its reason; its row waits in the quarantine).
 
 The fold refuses, changing nothing, while the ledger holds entries of a queue the config does not
-name: the ledger does not say which system such a queue is, and once the range ledger is in place
-nothing folds again, so an NGinn queue's entries left out would stay entries for ever, unseen by a
-Spark unit that trusts the bits (its messages delivered again).
+name: the ledger does not say which system such a queue is, and an NGinn queue's entries left out
+would be unseen by a Spark unit that trusts the bits (its messages delivered again).
+
+A range ledger in place proves no fold either (a DBA may create it from `--print-sql`'s DDL, or
+a fold may have left a queue out): a queue whose delivered or skipped entries have no bit is
+`unfolded`, which every command refuses (`JobSetup.check_ledger`) and `init` folds in place. A
+replayed or discarded quarantined message's entry has its bit ("quarantined"), and stays.
 """
 
 from __future__ import annotations
@@ -41,38 +45,74 @@ def ranged_origins(origins: Sequence[Any]) -> list[int]:
 def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], connection: str,
                say: Callable[[str], None] = lambda _: None) -> int | None:
     """Folds the entries of the ranged queues among `origins` (bridge.ledger_upgrade.QueueOrigin)
-    into a new range ledger and puts it in place; how many it folded (None: nothing to do)."""
+    into a new range ledger and puts it in place, or into the one in place those of queues it
+    lacks; how many it folded (None: nothing to do)."""
+    state = State(schema)
     with engine.connect() as conn:
         with conn.begin():
-            if not without_ranges(conn, schema):
+            if not sa.inspect(conn).has_table(state.ledger.name, schema=schema):
                 return None
-            _check_origins(conn, State(schema), origins, connection)
-        new = ranges_table(schema, sa.MetaData(), name=RANGES_NEW)
-        with conn.begin():
-            new.create(conn, checkfirst=True)  # kept when a fold was cut off: it resumes
-    state = State(schema)
-    ranges, l = Ranges(new), state.ledger
+            fresh = without_ranges(conn, schema)
+            if fresh:
+                _check_origins(conn, state, origins, connection)
+                todo = ranged_origins(origins)
+            else:
+                todo = [o for o in ranged_origins(origins) if unfolded(conn, state, o)]
+                if not todo:
+                    return None
+        table = ranges_table(schema, sa.MetaData(), name=RANGES_NEW) if fresh else state.ranges.table
+        if fresh:
+            with conn.begin():
+                table.create(conn, checkfirst=True)  # kept when a fold was cut off: it resumes
+    ranges, l = Ranges(table), state.ledger
     total = 0
-    for origin in ranged_origins(origins):
+    for origin in todo:
         mine = (l.c.origin == origin, l.c.outcome.in_(FOLDED))
+        after = None
         while True:
             with engine.begin() as conn:
-                page = conn.execute(sa.select(l.c.source_key, l.c.outcome).where(*mine).limit(CHUNK)
-                                    .with_for_update()).all()
+                stmt = sa.select(l.c.source_key, l.c.outcome).where(*mine).order_by(l.c.source_key).limit(CHUNK)
+                if after is not None:
+                    stmt = stmt.where(l.c.source_key > after)
+                page = conn.execute(stmt.with_for_update()).all()
                 if not page:
                     break
-                ranges.mark(conn, origin, [(int(k), o) for k, o in page], merge=True)
-                keys = [k for k, _ in page]
+                # A key with a bit keeps its entry: a replayed or discarded quarantined message's.
+                have = ranges.lookup(conn, origin, [int(k) for k, _ in page])
+                fold = [(k, o) for k, o in page if int(k) not in have]
+                ranges.mark(conn, origin, [(int(k), o) for k, o in fold], merge=True)
+                keys = [k for k, _ in fold]
                 for start in range(0, len(keys), DELETE_CHUNK):
                     conn.execute(sa.delete(l).where(*mine, l.c.source_key.in_(keys[start:start + DELETE_CHUNK])))
-            total += len(page)
+            after = page[-1][0]
+            total += len(fold)
             say(f"{connection}: folded {total:,} ledger entries of increasing keys into ranges")
         with engine.begin() as conn:  # quarantined entries stay, with a bit each
             quarantined = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars()
             ranges.mark(conn, origin, [(int(k), "quarantined") for k in quarantined], merge=True)
-    with engine.begin() as conn:
-        conn.execute(rename_sql(engine.dialect, schema, RANGES_NEW, RANGES))
+    if fresh:
+        with engine.begin() as conn:
+            conn.execute(rename_sql(engine.dialect, schema, RANGES_NEW, RANGES))
     return total
+
+
+def unfolded(conn: sa.Connection, state: State, origin: int) -> bool:
+    """Whether a delivered or skipped entry of the queue `origin` names has no bit in the range
+    ledger in place (entries with a bit are replayed or discarded quarantined messages, few)."""
+    l = state.ledger
+    after = None
+    while True:
+        stmt = sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome.in_(FOLDED)).order_by(l.c.source_key)
+        if after is not None:
+            stmt = stmt.where(l.c.source_key > after)
+        keys = conn.execute(stmt.limit(CHUNK)).scalars().all()
+        if not keys:
+            return False
+        if len(state.ranges.lookup(conn, origin, {int(k) for k in keys})) < len(keys):
+            return True
+        if len(keys) < CHUNK:
+            return False
+        after = keys[-1]
 
 
 def _check_origins(conn: sa.Connection, state: State, origins: Sequence[Any], connection: str) -> None:

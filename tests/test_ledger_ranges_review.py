@@ -80,3 +80,31 @@ def test_verify_deep_does_not_call_a_message_still_in_the_target_consumed(tmp_pa
     assert deep["mismatched"] == 2 and code == 1
     assert sorted(deep["mismatched_keys"]) == sorted([f"{ids[0]} (no longer in the source)", str(ids[1])])
     b.dispose()
+
+
+def test_a_range_ledger_created_beside_an_unfolded_ledger_is_no_proof_of_a_fold(make) -> None:
+    """A DBA given `qbridge init --print-sql` creates the missing qbridge_ledger_ranges from its
+    DDL (qbridge itself may not create tables there): the ledger's NGinn entries are not folded.
+    Commands must keep refusing, and `qbridge init` must still fold them; else a Spark unit's
+    first attempt, which trusts the bits, delivers every such message again."""
+    b = make(batch_size=50)
+    now = b.now_local()
+    ids = b.insert([nginn_row("MQueue1", i, now) for i in range(1, 31)])
+    first = b.runner()
+    first.check()
+    first.run_range("MQueue1", ids[0] - 1, ids[-1])  # a cut-off migration's unit: no checkpoint moved
+    assert b.count("Orders") == 30
+    assert unfold_ranges(b) == 30
+    runner = b.runner()
+    runner.state.ranges.table.create(runner.target_engine)  # the DBA, from the printed DDL
+    refused = b.cli("status")
+    assert b.cli("init") == 0
+
+    again = b.runner()
+    again.check()
+    result = again.run_range("MQueue1", ids[0] - 1, ids[-1])
+    assert b.count("Orders") == 30, "the messages were delivered a second time"
+    assert (result.stats.delivered, result.stats.already) == (0, 30)
+    assert refused == 1
+    assert b.ledger() == {"delivered": 30}
+    assert b.cli("verify") == 0

@@ -13,11 +13,12 @@ from sqlalchemy import exc as sa_exc
 
 from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for
-from bridge.errors import RetryableError
+from bridge.errors import RetryableError, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.ledger_upgrade import require_current
 from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.stats import PassStats
+from bridge.ranges_upgrade import unfolded
 from bridge.sources import Source, SourceRow, Subscription, source_class
 from bridge.state import State
 from bridge.targets import target_class
@@ -114,6 +115,17 @@ class JobSetup:
         if not self._ledger_checked:
             with self.target_engine.connect() as tconn:
                 require_current(tconn, self.state.ledger.schema, self.job.target.connection)
+                # A range ledger in place is no proof that this job's NGinn queues were folded.
+                ranges = self.state.ranges.table
+                late = [q for q, s in self.sources.items() if s.cursor == "monotonic"
+                        and sa.inspect(tconn).has_table(ranges.name, schema=ranges.schema)
+                        and unfolded(tconn, self.state, self.origins[q])]
+            if late:
+                raise TargetSchemaError(
+                    f"the ledger in {self.job.target.connection!r} keeps messages of {', '.join(map(repr, late))} "
+                    f"(job {self.job.name!r}) as entries that no range holds (made by an earlier qbridge: the range "
+                    "ledger was created beside them, or folded without these queues); stop every qbridge process "
+                    "using it and run `qbridge init -c CONFIG` once to fold them")
             self._ledger_checked = True
 
     def _prepare(self, queue: str) -> None:

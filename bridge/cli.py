@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     pv = cmd("preview", "what migrate would do, read and mapped as it would, writing nothing anywhere (SELECT rights suffice)")
     pv.add_argument("--json", action="store_true", help="one JSON document on stdout")
     pv.add_argument("--fail-on", choices=["quarantine"], help="quarantine: exit 1 when anything would be quarantined (a gate before a cutover)")
+    rb = cmd("rollback", "withdraw what a job delivered that no endpoint has taken yet; the ledger forgets it, so a later migrate or sync delivers it again once")
+    rb.add_argument("--queue", help="only this legacy queue of the job")
+    rb.add_argument("--dry-run", action="store_true", help="say what would be withdrawn and what cannot be, change nothing")
+    rb.add_argument("--print-sql", action="store_true", help="print the statements a batch runs, for a DBA, and do nothing")
+    rb.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    rb.add_argument("--lock-wait", type=float, default=0.0, metavar="SECONDS", help="how long to wait for the job's lock (default 0: refuse at once, naming the holder)")
+    rb.add_argument("--retries", type=int, default=5, help=argparse.SUPPRESS)
     i = cmd("init", "create the target queue, delayed, subscription, error and state tables that are missing")
     i.add_argument("--print-sql", action="store_true", help="print the DDL for a DBA instead of running it")
     m = cmd("migrate", "bulk migration of everything the legacy queues hold now")
@@ -140,6 +147,12 @@ def cmd_preview(args: argparse.Namespace) -> int:
     from bridge.preview_cli import preview_command
 
     return preview_command(args)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from bridge.rollback_cli import rollback_command
+
+    return rollback_command(args, _holding)
 
 
 def cmd_init(args: argparse.Namespace) -> int:

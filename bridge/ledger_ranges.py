@@ -139,6 +139,24 @@ class Ranges:
             conn.execute(sa.update(t).where(t.c.origin == sa.bindparam("o_"), t.c.block == sa.bindparam("b_")), updates)
         insert_values(conn, self.table, COLUMNS, inserts)
 
+    def unmark(self, conn: sa.Connection, origin: int, keys: Iterable[int]) -> int:
+        """Clears every bit of `keys` in the caller's transaction (a rollback withdrew their
+        messages, so a later pass delivers them again); returns how many bits were set."""
+        gone: dict[int, int] = defaultdict(int)
+        for key in keys:
+            gone[key >> SHIFT] |= 1 << (key & MASK)
+        old = self._read(conn, origin, sorted(gone), True)
+        updates, cleared = [], 0
+        for block, bits in old.items():
+            keep = ~gone[block]
+            cleared += (_any(bits) & gone[block]).bit_count()
+            updates.append({"o_": origin, "b_": block, **{o: _bytes(b & keep) for o, b in zip(OUTCOMES, bits)},
+                            "at": naive_utc(utcnow())})
+        if updates:
+            t = self.table
+            conn.execute(sa.update(t).where(t.c.origin == sa.bindparam("o_"), t.c.block == sa.bindparam("b_")), updates)
+        return cleared
+
     def stream(self, conn: sa.Connection, origin: int) -> Iterator[tuple[int, str]]:
         """(key, outcome) of every key with a bit, ascending; read a page of blocks at a time,
         each page a query of its own, so the caller may use `conn` between pages."""

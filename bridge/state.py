@@ -335,7 +335,10 @@ class State:
         """(key, outcome) of a ranged queue, ascending, each key once: its range bits (which any
         job reading the queue set) merged with the job's per-message entries, an entry's word
         first (a replay or discard changed it), both streamed."""
-        entries = ((int(k), 0, o) for k, o in self.ledger_keys(conn, job, origin, numeric=True))
+        # Fetched whole before the range pages are read: a ranged queue's entries are only its
+        # quarantined messages (and what replay or discard made of them), and one result at a
+        # time is all SQL Server serves on a connection without MARS.
+        entries = sorted((int(k), 0, o) for k, o in self.ledger_keys(conn, job, origin))
         bits = ((k, 1, o) for k, o in self.ranges.stream(conn, origin))
         last = None
         for key, _, outcome in heapq.merge(entries, bits):

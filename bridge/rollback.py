@@ -1,0 +1,192 @@
+"""`qbridge rollback`: a forward job's delivered messages that no endpoint has taken yet, withdrawn
+from the NServiceBus tables and forgotten by the ledger, so that a later `migrate` or `sync`
+delivers them again exactly once (issue 28).
+
+A delivered row is found by its `QBridge.Source` header (`system://database/queue/key`, written
+on every message) in the tables the job writes (queues, `.Delayed`, error, audit), and is taken
+only when its `NServiceBus.MessageId` is the message's deterministic id, the ledger says it was
+delivered, and no endpoint has processed it (an endpoint's audit or error copy carries
+`$.diagnostics.hostid` or `NServiceBus.ProcessingStarted`). What the ledger has as delivered and no table holds any more
+was consumed: counted and listed, never withdrawn.
+
+Per batch, one target transaction locks the listed target rows (an endpoint's receive skips a
+locked row; a row it took meanwhile is not there to lock, and counts as consumed), deletes them,
+clears their ledger bits or entries, takes them off the totals, and for NGinn lowers the
+checkpoint below them so a pass reads them again. Killed at any point, a batch is either
+withdrawn whole or not at all, and rollback run again withdraws what is left. Move mode is
+refused for now: giving consumed legacy rows back needs a second commit on the legacy side.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from bridge import faults
+from bridge.errors import UsageError
+from bridge.model import message_id_for
+from bridge.pipeline.loop import JobRunner
+from bridge.sources.nginn import STATEMENT_KEYS
+
+BATCH = 1000  # rows withdrawn per transaction
+LISTED = 50  # consumed message ids listed (all are counted)
+# Set by an endpoint that processed the message, on its audit and error copies (reference
+# nservicebus-target.md: audit and fault metadata); qbridge's own error rows carry neither.
+PROCESSED = ("$.diagnostics.hostid", "NServiceBus.ProcessingStarted")
+
+
+@dataclass
+class Withdrawal:
+    job: str
+    queue: str
+    withdrawn: int = 0  # taken out of the target tables, forgotten by the ledger
+    by_table: Counter[str] = field(default_factory=Counter)
+    consumed: int = 0  # delivered, no longer in any target table: cannot be withdrawn
+    consumed_ids: list[str] = field(default_factory=list)  # the first LISTED of them
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "queue": self.queue, "withdrawn": self.withdrawn, "by_table": dict(self.by_table),
+                "consumed": self.consumed, "consumed_ids": self.consumed_ids}
+
+
+def check(runner: JobRunner) -> None:
+    job = runner.job
+    if job.reverse:
+        raise UsageError(f"job {job.name!r} is a reverse job: its messages went into a legacy store, whose receivers "
+                         "take them as they come; rollback withdraws what a forward job wrote into NServiceBus tables")
+    if job.mode == "move":
+        raise UsageError(f"job {job.name!r} is in move mode: giving consumed legacy rows back is not supported yet "
+                         "(rollback withdraws what copy-mode jobs delivered); nothing done")
+
+
+def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False) -> list[Withdrawal]:
+    check(runner)
+    runner.check_ledger()
+    if queue is not None and queue not in runner.sources:
+        raise UsageError(f"job {runner.job.name!r} has no queue {queue!r} (it has {', '.join(runner.sources)})")
+    out = []
+    for name in [queue] if queue else list(runner.sources):
+        w = Withdrawal(runner.job.name, name)
+        out.append(w)
+        runner._prepare(name)
+        found = _in_target(runner, name)
+        delivered = _delivered(runner, name)
+        for key, mid in delivered.items():
+            if key not in found:
+                w.consumed += 1
+                if len(w.consumed_ids) < LISTED:
+                    w.consumed_ids.append(mid)
+        rows = [(key, *found[key]) for key in sorted(found, key=_order) if key in delivered]
+        for start in range(0, len(rows), BATCH):
+            batch = rows[start:start + BATCH]
+            if dry_run:
+                w.withdrawn += len(batch)
+                w.by_table.update(table for _, table, _, _ in batch)
+                continue
+            _withdraw(runner, name, batch, w)
+    return out
+
+
+def _order(key: str) -> Any:
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
+
+
+def _in_target(runner: JobRunner, queue: str) -> dict[str, tuple[str, Any, str]]:
+    """key -> (table, row id, kind) of the job's undelivered-to-an-endpoint rows of `queue`."""
+    source = runner.sources[queue]
+    prefix = f"{source.system}://{runner.database}/{queue}/"
+    escaped = orjson.dumps(prefix).decode()[1:-1].replace("/", "\\/")  # as the transport's JSON writes it
+    found: dict[str, tuple[str, Any, str]] = {}
+    tables = [t for t in runner.target.tables() if t.name != "SubscriptionRouting"]
+    with runner.target_engine.connect() as tconn:
+        for table in tables:
+            headers_col, key_col = runner.tables.column(table, "Headers"), row_key(table)
+            kind = "delayed" if table.name.endswith(".Delayed") else (
+                "error" if table.name == runner.job.target.error_queue else "queue")
+            stmt = sa.select(key_col, headers_col).execution_options(stream_results=True, yield_per=2000)
+            for row_id, text in tconn.execute(stmt):
+                if prefix not in text and escaped not in text:  # rows of other jobs and senders: not parsed
+                    continue
+                h = orjson.loads(text)
+                origin = h.get("QBridge.Source", "")
+                if not origin.startswith(prefix) or any(p in h for p in PROCESSED):
+                    continue
+                key = origin[len(prefix):]
+                if h.get("NServiceBus.MessageId") == str(message_id_for(source.system, runner.database, queue, key)):
+                    found[key] = (str(table.name), row_id, kind)
+    return found
+
+
+def row_key(table: sa.Table) -> sa.Column:
+    """A column that names one row: the transport's sequence where it has one, else its id."""
+    for name in ("seq", "RowVersion", "id"):
+        if name in table.c:
+            return table.c[name]
+    raise AssertionError(f"no row key in {table.name}")
+
+
+def _delivered(runner: JobRunner, queue: str) -> dict[str, str]:
+    """key -> message id of what the ledger has as delivered for the job's `queue`."""
+    source, origin = runner.sources[queue], runner.origins[queue]
+    state = runner.state
+    with runner.target_engine.connect() as tconn:
+        if source.cursor == "monotonic":
+            keys = [str(k) for k, o in state.recorded_keys(tconn, runner.job.name, origin) if o == "delivered"]
+        else:
+            keys = [k for k, o in state.ledger_keys(tconn, runner.job.name, origin) if o == "delivered"]
+    return {k: str(message_id_for(source.system, runner.database, queue, k)) for k in keys}
+
+
+def _withdraw(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, str]], w: Withdrawal) -> None:
+    source, origin, state = runner.sources[queue], runner.origins[queue], runner.state
+    ranged = source.cursor == "monotonic"
+    with runner.target_engine.begin() as tconn:
+        cp = state.lock_checkpoint(tconn, runner.job.name, queue)  # one writer of the queue's books at a time
+        keys = _lock_and_delete(runner, tconn, batch, w)
+        l = state.ledger
+        for start in range(0, len(keys), STATEMENT_KEYS):
+            tconn.execute(sa.delete(l).where(l.c.origin == origin, l.c.source_key.in_(keys[start:start + STATEMENT_KEYS])))
+        if ranged and keys:
+            state.ranges.unmark(tconn, origin, [int(k) for k in keys])
+            low = min(int(k) for k in keys) - 1
+            if cp.high is not None and low < cp.high:
+                cp.high = low if low > 0 else None
+                cp.gaps = [g for g in cp.gaps if g.hi <= low]
+                state.save_checkpoint(tconn, cp)
+        if keys:
+            state.totals.add(tconn, runner.job.name, queue, origin, Counter({("delivered", None): -len(keys)}))
+        faults.reached("rollback_before_commit")
+    faults.reached("rollback_after_commit")
+    w.withdrawn += len(keys)
+
+
+def _lock_and_delete(runner: JobRunner, tconn: sa.Connection, batch: list[tuple[str, str, Any, str]],
+                     w: Withdrawal) -> list[str]:
+    """Locks the batch's target rows, deletes those still there and returns their keys. A row an
+    endpoint took since it was listed (its receive holds it, or deleted it) is not there to lock:
+    its message was consumed, so the ledger keeps it and it is counted as such."""
+    tables = {str(t.name): t for t in runner.target.tables()}
+    by_table: dict[str, dict[Any, str]] = {}
+    for key, table, row_id, _ in batch:
+        by_table.setdefault(table, {})[row_id] = key
+    keys = []
+    for name, rows in by_table.items():
+        table = tables[name]
+        col, ids = row_key(table), list(rows)
+        for start in range(0, len(ids), STATEMENT_KEYS):
+            chunk = ids[start:start + STATEMENT_KEYS]
+            present = list(tconn.execute(sa.select(col).where(col.in_(chunk)).with_for_update()
+                                         .with_hint(table, "WITH (UPDLOCK, ROWLOCK)", "mssql")).scalars())
+            if present:
+                tconn.execute(sa.delete(table).where(col.in_(present)))
+            w.by_table[name] += len(present)
+            keys += [rows[i] for i in present]
+            for gone in set(chunk) - set(present):
+                w.consumed += 1
+                if len(w.consumed_ids) < LISTED:
+                    w.consumed_ids.append(str(message_id_for(runner.job.source.system, runner.database, w.queue, rows[gone])))
+    return keys

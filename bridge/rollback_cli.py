@@ -1,0 +1,74 @@
+"""`qbridge rollback -c CONFIG --job NAME [--queue Q] [--dry-run] [--print-sql] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import orjson
+import sqlalchemy as sa
+from rich.table import Table
+
+from bridge.cli_common import out, runners_of
+from bridge.errors import UsageError
+from bridge.rollback import Withdrawal, check, rollback, row_key
+
+
+def rollback_command(args: argparse.Namespace, holding) -> int:
+    if not args.job:
+        raise UsageError("rollback withdraws one job's messages: give --job NAME")
+    _, [runner] = runners_of(args)
+    check(runner)
+    if args.print_sql:
+        for line in statements(runner):
+            out.print(line, markup=False, highlight=False)
+        return 0
+    with holding(args, [runner]):
+        results = rollback(runner, args.queue, dry_run=args.dry_run)
+    if args.json:
+        sys.stdout.write(orjson.dumps({"dry_run": args.dry_run, "queues": [w.as_dict() for w in results]}).decode() + "\n")
+        return 0
+    _print(results, args.dry_run)
+    return 0
+
+
+def _print(results: list[Withdrawal], dry_run: bool) -> None:
+    t = Table(title="qbridge rollback" + (" (dry run: nothing withdrawn)" if dry_run else ""))
+    for col in ("job/queue", "would withdraw" if dry_run else "withdrawn", "from", "consumed by endpoints (kept)"):
+        t.add_column(col)
+    for w in results:
+        t.add_row(f"{w.job}/{w.queue}", f"{w.withdrawn:,}", ", ".join(f"{n} {c:,}" for n, c in w.by_table.most_common()),
+                  f"{w.consumed:,}")
+    out.print(t)
+    for w in results:
+        if w.consumed_ids:
+            more = f" (and {w.consumed - len(w.consumed_ids):,} more)" if w.consumed > len(w.consumed_ids) else ""
+            out.print(f"{w.queue}: consumed, cannot be withdrawn: {', '.join(w.consumed_ids)}{more}", markup=False,
+                      highlight=False)
+
+
+def statements(runner) -> list[str]:
+    """For a DBA: the statements one batch runs in one transaction, with their parameters named."""
+    dialect = runner.target_engine.dialect
+    s = runner.state
+    job, lines = runner.job, []
+
+    def show(stmt: sa.Executable) -> None:
+        lines.append(str(stmt.compile(dialect=dialect)).strip() + ";")
+
+    lines.append(f"-- qbridge rollback of job {job.name!r}: per batch of up to 1,000 delivered messages, one transaction")
+    show(sa.select(s.checkpoint).where(s.checkpoint.c.job == job.name).with_for_update())
+    for table in runner.target.tables():
+        if table.name == "SubscriptionRouting":
+            continue
+        col = row_key(table)
+        show(sa.select(col).where(col.in_([0])).with_for_update().with_hint(table, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
+        show(sa.delete(table).where(col.in_([0])))
+    show(sa.delete(s.ledger).where(s.ledger.c.origin == 0, s.ledger.c.source_key.in_(["key"])))
+    r = s.ranges.table
+    show(sa.update(r).where(r.c.origin == sa.bindparam("o_"), r.c.block == sa.bindparam("b_"))
+         .values(delivered=sa.bindparam("delivered"), skipped=sa.bindparam("skipped"), quarantined=sa.bindparam("quarantined")))
+    show(sa.insert(s.totals.table))
+    lines.append("-- the rows to withdraw are those whose QBridge.Source header names this job's queue and whose "
+                 "NServiceBus.MessageId is its deterministic id, unprocessed (no NServiceBus.ProcessingEndpoint)")
+    return lines

@@ -39,6 +39,12 @@ def test_demo_runs_on_a_fresh_directory(tmp_path: Path) -> None:
         text = conn.execute(sa.text('select msg_text from "Sender" where subqueue = \'I\'')).scalar_one()
     legacy.dispose()
     assert text.startswith('{"$type":"Orders.OrderAccepted, Orders",')
+    # Its last line says what to try next, and both work on the demo as printed.
+    hint = " ".join(r.stdout.split()[-40:])
+    assert f"qbridge preview -c {tmp_path}/d/demo.toml" in hint and "qbridge rollback -c" in hint
+    assert run("preview", "-c", str(tmp_path / "d" / "demo.toml")).returncode == 0
+    dry = run("rollback", "-c", str(tmp_path / "d" / "demo.toml"), "--job", "nginn-orders", "--dry-run")
+    assert dry.returncode == 0 and "would withdraw" in dry.stdout, dry.stderr
 
 
 def _config(tmp: Path, target_url: str, flavor: str, schema: str = "") -> Path:

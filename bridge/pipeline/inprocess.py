@@ -40,7 +40,8 @@ def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5)
                     progress.update(task, advance=stats.read)
 
                 # Each pass commits, so a retry after a failure resumes where it stopped.
-                with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}", attempts=attempts)
+                with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}", attempts=attempts,
+                             progress=lambda r=runner: r.passes_done)
                 progress.update(task, completed=max(n, done.read, 1))
                 totals.append(done)
     return totals

@@ -81,6 +81,7 @@ class JobSetup:
         # message delivered already (the batch is then redone with the lookup, and so is the rest).
         self._optimistic: set[str] = set()
         self.on_batch: Any = None  # called with each committed batch's stats (qbridge run's metrics)
+        self.passes_done = 0  # passes committed by drain: retries start afresh after progress (bridge.retry)
         # Common-case rows skip the CanonicalMessage when source and target both have a fast lane
         # (Source.plain, Target.plain_envelope); off, every row takes the validated path (tests
         # compare the two).

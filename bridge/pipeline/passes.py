@@ -185,6 +185,7 @@ class Passes(Batch):
         while True:
             before_pass()
             stats = self.run_pass(queue)
+            self.passes_done += 1  # committed: with_backoff's count of progress
             total.add(stats)
             if on_pass:
                 on_pass(stats)

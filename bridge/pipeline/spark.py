@@ -283,7 +283,8 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
         total.seconds = spark_seconds if plan.units else 0.0
         finish_queue(plan, gaps)
         # The same pass `sync --once` runs: re-reads the gaps, takes rows that arrived meanwhile.
-        tail = with_backoff(lambda r=plan.runner, q=plan.queue: r.drain(q), f"job {name} queue {plan.queue}", attempts=attempts)
+        tail = with_backoff(lambda r=plan.runner, q=plan.queue: r.drain(q), f"job {name} queue {plan.queue}", attempts=attempts,
+                            progress=lambda r=plan.runner: r.passes_done)
         total.add(tail)
         total.gaps_open = tail.gaps_open
         totals.append(total)

@@ -191,6 +191,7 @@ class PlainMessage(NamedTuple):
     headers: dict[str, str]
     body: bytes
     failure: FailureInfo | None = None  # set when failed
+    priority: int | None = None  # the legacy priority, when the system has one (OpenJMS)
 
 
 def ledger_safe_key(key: str) -> str:

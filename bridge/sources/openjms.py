@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
-from bridge.model import CanonicalMessage
+from bridge.model import CanonicalMessage, PlainMessage
 from bridge.sources.base import ScanSource, SourceRow, Subscription
 from bridge.sources.openjms_schema import SCHEMA_VERSION, is_queue, tables
 from bridge.targets.echo import ECHO_HEADER
@@ -218,6 +218,32 @@ class OpenJMSSource(ScanSource):
         return self._canonical(row, jms)
 
     def _canonical(self, row: SourceRow, jms: JmsMessage) -> CanonicalMessage:
+        f = self._fields(row, jms)
+        return self.message(row, state=f[0], destination=f[1], reply_to=f[2], correlation_id=f[3], enclosed_types=f[4],
+                            content_type=f[5], time_sent=f[6], expires=f[7], priority=f[8], headers=f[9], body=f[10])
+
+    def plain(self, row: SourceRow, message_id: str) -> PlainMessage | None:
+        """The fast lane: a handle whose blob the reader takes, with no expiry and values the model
+        would take as they are, as a PlainMessage; anything else goes through `decode`."""
+        v = row.values
+        blob = v["messageblob"]
+        if v["message_row"] is None or blob is None:
+            return None
+        try:
+            f = self._fields(row, decode(bytes(blob)))
+        except (BlobError, BadRow):
+            return None
+        state, destination, reply_to, correlation_id, types, content_type, sent, expires, priority, headers, body = f
+        if (state != "ready" or expires is not None or reply_to == "" or type(priority) is not int
+                or not all(type(t) is str and t for t in types) or not all(type(h) is str for h in headers.values())):
+            return None  # what the model would refuse, or has to judge: the validated path says
+        return PlainMessage(state, message_id, self.system, self.database, self.queue, self.ledger_key(row), destination,
+                            reply_to, correlation_id, types, content_type, sent, None, headers, body, None, priority)
+
+    def _fields(self, row: SourceRow, jms: JmsMessage) -> tuple:
+        """What `decode` and `plain` both make of a handle and its message, in the order of
+        `_canonical`'s keywords: state, destination, reply queue, correlation id, types,
+        content type, time sent, expiry, priority, headers, body. (A tuple: this runs per row.)"""
         h = jms.headers
         consumer = row.values["consumer"]
         # The store says which destination the handle belongs to; the blob only says where it was sent.
@@ -252,20 +278,9 @@ class OpenJMSSource(ScanSource):
         if props:
             headers[f"{self.prefix}PropertyTypes"] = orjson.dumps({k: p["type"] for k, p in props.items()}).decode()
         body, content_type = self._body(jms, headers)
-        return self.message(
-            row,
-            state=state,
-            destination=destination,
-            reply_to=reply["name"] if reply and not reply["temporary"] else None,
-            correlation_id=h["JMSCorrelationID"] or None,
-            enclosed_types=types,
-            content_type=content_type,
-            time_sent=epoch_ms(h["JMSTimestamp"] or row.values.get("createtime") or 0, "JMSTimestamp"),
-            expires=expires,
-            priority=h["JMSPriority"],
-            headers=headers,
-            body=body,
-        )
+        return (state, destination, reply["name"] if reply and not reply["temporary"] else None, h["JMSCorrelationID"] or None,
+                types, content_type, epoch_ms(h["JMSTimestamp"] or row.values.get("createtime") or 0, "JMSTimestamp"),
+                expires, h["JMSPriority"], headers, body)
 
     def _body(self, jms: JmsMessage, headers: dict[str, str]) -> tuple[bytes, str | None]:
         b = jms.body

@@ -65,10 +65,10 @@ def _parser() -> argparse.ArgumentParser:
                    "tasks wait on the databases), local[N], spark://host:7077, ... Under spark-submit, the master "
                    "spark-submit was given")
     m.add_argument("--unit-rows", type=int, metavar="N", help="rows per Spark task (default: a few tasks per task slot, at most 50,000 rows each)")
-    m.add_argument("--retries", type=int, default=5, help="attempts per batch when a database is unreachable or a deadlock occurs; each batch that commits starts afresh (default 5)")
+    m.add_argument("--retries", type=int, default=6, help="attempts per batch when a database is unreachable or a deadlock occurs, waiting 0.1, 1, 2, 4, 8 s; each batch that commits starts afresh (default 6)")
     s = cmd("sync", "one incremental pass over every queue of the job(s)")
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
-    s.add_argument("--retries", type=int, default=5, help="attempts per batch when a database is unreachable or a deadlock occurs; each batch that commits starts afresh (default 5)")
+    s.add_argument("--retries", type=int, default=6, help="attempts per batch when a database is unreachable or a deadlock occurs, waiting 0.1, 1, 2, 4, 8 s; each batch that commits starts afresh (default 6)")
     for c in (m, s):
         c.add_argument("--lock-wait", type=float, default=LOCK_WAIT, metavar="SECONDS",
                        help=f"how long to wait for a job another qbridge process holds (a `qbridge run`), then exit 1 "

@@ -13,6 +13,9 @@ T = TypeVar("T")
 log = logging.getLogger("qbridge.retry")
 
 
+BLIP = 0.1  # the first wait of a batch's retries: a connection cut on a flaky link comes back at once
+
+
 def with_backoff(
     work: Callable[[], T],
     what: str,
@@ -23,23 +26,26 @@ def with_backoff(
     progress: Callable[[], int] | None = None,
 ) -> T:
     """Runs `work`; a retryable failure is logged in one line and retried with doubling delays.
-    `progress`, when given, counts what `work` has committed so far (a drain's passes): a failure
-    after progress starts the count and the delay afresh, so `attempts` is per batch, and a long
-    drain over a flaky link slows down only by the blips it meets."""
-    delay = first_delay
-    attempt = 1
+    `progress`, when given, counts what `work` has committed so far (a drain's passes): the
+    attempts are then per batch, waiting BLIP first and doubling from `first_delay` after that,
+    and a failure after progress starts them afresh, so a long drain over a flaky link slows
+    down only by the blips it meets, while a database that stays down still runs them out."""
+    def fresh() -> tuple[int, float]:
+        return 1, (BLIP if progress else first_delay)
+
+    attempt, delay = fresh()
     while True:
         before = progress() if progress else 0
         try:
             return work()
         except Exception as e:
             if progress and progress() > before:
-                attempt, delay = 1, first_delay  # a batch committed since the last failure
+                attempt, delay = fresh()  # a batch committed since the last failure
             if not is_retryable(e) or attempt >= attempts:
                 raise
             reason = str(getattr(e, "orig", None) or e).strip().splitlines()
             log.warning("%s failed (%s); attempt %d of %d, retrying in %.1fs",
                         what, reason[0] if reason else type(e).__name__, attempt, attempts, delay)
             sleep(delay)
-            delay = min(delay * 2, max_delay)
+            delay = first_delay if delay < first_delay else min(delay * 2, max_delay)
             attempt += 1

@@ -25,14 +25,14 @@ def test_the_count_and_the_delay_start_afresh_after_progress() -> None:
         return "drained"
 
     assert with_backoff(work, "drain", attempts=2, sleep=slept.append, progress=lambda: done[0]) == "drained"
-    assert calls[0] == 11 and slept == [1.0] * 10  # ten blips, each paid once at the first delay
+    assert calls[0] == 11 and slept == [0.1] * 10  # ten blips, each paid once, at the blip's wait
 
 
 def test_without_progress_the_budget_runs_out() -> None:
     slept = []
     with pytest.raises(Blip):
         with_backoff(lambda: (_ for _ in ()).throw(Blip("down")), "drain", attempts=3, sleep=slept.append, progress=lambda: 0)
-    assert slept == [1.0, 2.0]
+    assert slept == [0.1, 1.0]  # a blip's wait, then the back-off proper
 
 
 def test_a_drain_that_meets_more_blips_than_retries_finishes(make, monkeypatch) -> None:

@@ -27,9 +27,10 @@ import orjson
 import sqlalchemy as sa
 
 from bridge import faults
+from bridge.config import Config
 from bridge.errors import UsageError
-from bridge.model import message_id_for
-from bridge.pipeline.loop import JobRunner
+from bridge.model import message_id_for, queue_origin
+from bridge.pipeline.loop import JobRunner, database_identity
 from bridge.sources.nginn import STATEMENT_KEYS
 
 BATCH = 1000  # rows withdrawn per transaction
@@ -63,11 +64,23 @@ def check(runner: JobRunner) -> None:
                          "(rollback withdraws what copy-mode jobs delivered); nothing done")
 
 
-def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False) -> list[Withdrawal]:
+def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
+             config: Config | None = None) -> list[Withdrawal]:
+    """`config`: the config the job comes from, whose other jobs' queues are told apart by their
+    source identity (without it, any other job with a checkpoint of a same-named NGinn queue in
+    this ledger refuses the rollback)."""
     check(runner)
     runner.check_ledger()
     if queue is not None and queue not in runner.sources:
         raise UsageError(f"job {runner.job.name!r} has no queue {queue!r} (it has {', '.join(runner.sources)})")
+    for name in [queue] if queue else list(runner.sources):
+        others = _sharing(runner, name, config)
+        if others:
+            raise UsageError(
+                f"job {runner.job.name!r} queue {name!r}: job(s) {', '.join(map(repr, others))} read the same NGinn "
+                "queue into this ledger, whose ranges keep no job: rollback would withdraw their messages too (a "
+                "move-mode job consumed their legacy rows, so they would come back as skipped) and move only this "
+                "job's checkpoint back; nothing done")
     out = []
     for name in [queue] if queue else list(runner.sources):
         w = Withdrawal(runner.job.name, name)
@@ -88,6 +101,26 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False)
                 w.by_table.update(table for _, table, _, _ in batch)
                 continue
             _withdraw(runner, name, batch, w)
+    return out
+
+
+def _sharing(runner: JobRunner, queue: str, config: Config | None) -> list[str]:
+    """Other jobs whose checkpoint says they may read the NGinn keys of `queue` into this ledger
+    (the range ledger's bits name no job: their deliveries and this job's look alike)."""
+    if runner.sources[queue].cursor != "monotonic":
+        return []  # per-message entries name their job: only this job's are withdrawn
+    c = runner.state.checkpoint
+    with runner.target_engine.connect() as tconn:
+        jobs = tconn.execute(sa.select(c.c.job).where(c.c.queue == queue, c.c.job != runner.job.name)).scalars().all()
+    out = []
+    for name in sorted(jobs):
+        other = next((j for j in config.jobs if j.name == name), None) if config is not None else None
+        if other is not None and config is not None and (
+                other.reverse or other.source.system != runner.job.source.system
+                or queue_origin(other.source.system, database_identity(other, config.connections[other.source.connection]),
+                                queue) != runner.origins[queue]):
+            continue  # another legacy database's queue of the same name, or not an NGinn queue
+        out.append(name)
     return out
 
 

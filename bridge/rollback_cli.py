@@ -17,14 +17,14 @@ from bridge.rollback import Withdrawal, check, rollback, row_key
 def rollback_command(args: argparse.Namespace, holding) -> int:
     if not args.job:
         raise UsageError("rollback withdraws one job's messages: give --job NAME")
-    _, [runner] = runners_of(args)
+    config, [runner] = runners_of(args)
     check(runner)
     if args.print_sql:
         for line in statements(runner):
             out.print(line, markup=False, highlight=False)
         return 0
     with holding(args, [runner]):
-        results = rollback(runner, args.queue, dry_run=args.dry_run)
+        results = rollback(runner, args.queue, dry_run=args.dry_run, config=config)
     if args.json:
         sys.stdout.write(orjson.dumps({"dry_run": args.dry_run, "queues": [w.as_dict() for w in results]}).decode() + "\n")
         return 0

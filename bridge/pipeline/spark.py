@@ -283,8 +283,11 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
         total.seconds = spark_seconds if plan.units else 0.0
         finish_queue(plan, gaps)
         # The same pass `sync --once` runs: re-reads the gaps, takes rows that arrived meanwhile.
-        tail = with_backoff(lambda r=plan.runner, q=plan.queue: r.drain(q), f"job {name} queue {plan.queue}", attempts=attempts,
-                            progress=lambda r=plan.runner: r.passes_done)
+        # Counted pass by pass: a retry after progress starts a new drain, whose total lacks the
+        # passes of the attempts before it.
+        tail = PassStats(plan.queue)
+        with_backoff(lambda r=plan.runner, q=plan.queue, t=tail: r.drain(q, t.add), f"job {name} queue {plan.queue}",
+                     attempts=attempts, progress=lambda r=plan.runner: r.passes_done)
         total.add(tail)
         total.gaps_open = tail.gaps_open
         totals.append(total)

@@ -48,10 +48,11 @@ class Withdrawal:
     by_table: Counter[str] = field(default_factory=Counter)
     consumed: int = 0  # delivered, no longer in any target table: cannot be withdrawn
     consumed_ids: list[str] = field(default_factory=list)  # the first LISTED of them
+    kept: int = 0  # in the target, but its legacy row was consumed since: it stays delivered
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "queue": self.queue, "withdrawn": self.withdrawn, "by_table": dict(self.by_table),
-                "consumed": self.consumed, "consumed_ids": self.consumed_ids}
+                "consumed": self.consumed, "consumed_ids": self.consumed_ids, "kept": self.kept}
 
 
 def check(runner: JobRunner) -> None:
@@ -95,12 +96,39 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
                     w.consumed_ids.append(mid)
         rows = [(key, *found[key]) for key in sorted(found, key=_order) if key in delivered]
         for start in range(0, len(rows), BATCH):
-            batch = rows[start:start + BATCH]
+            batch = _redeliverable(runner, name, rows[start:start + BATCH], w)
             if dry_run:
                 w.withdrawn += len(batch)
                 w.by_table.update(table for _, table, _, _ in batch)
                 continue
             _withdraw(runner, name, batch, w)
+    return out
+
+
+PENDING = ("I", "R", "F")  # NGinn rows a pass delivers again as they were; a processed one ('X') is skipped
+
+
+def _redeliverable(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, str]],
+                   w: Withdrawal) -> list[tuple[str, str, Any, str]]:
+    """The batch's messages whose legacy row is still there to be delivered again (a copy-mode
+    job leaves it alone, but the legacy system's own receiver, or the job when it ran in move
+    mode before, may have consumed it); the others stay delivered, counted as kept."""
+    source = runner.sources[queue]
+    with runner.source_engine.connect() as sconn:
+        if source.cursor == "monotonic":
+            rows = {str(r.key): r for r in source.fetch_ranges(sconn, [(int(k), int(k)) for k, *_ in batch], False)}
+        else:
+            rows = {str(r.key): r for r in source.fetch_keys(sconn, [k for k, *_ in batch], False)}
+    audit = runner.job.target.audit_queue
+    out = []
+    for item in batch:
+        key, table, _, _ = item
+        row = rows.get(key)
+        # A processed row comes back only where it went as processed: to audit, by the mapping.
+        if row is not None and (source.cursor != "monotonic" or row.values.get("subqueue") in PENDING or table == audit):
+            out.append(item)
+        else:
+            w.kept += 1  # its legacy row was consumed: withdrawn, it could not come back
     return out
 
 

@@ -34,11 +34,12 @@ def rollback_command(args: argparse.Namespace, holding) -> int:
 
 def _print(results: list[Withdrawal], dry_run: bool) -> None:
     t = Table(title="qbridge rollback" + (" (dry run: nothing withdrawn)" if dry_run else ""))
-    for col in ("job/queue", "would withdraw" if dry_run else "withdrawn", "from", "consumed by endpoints (kept)"):
+    for col in ("job/queue", "would withdraw" if dry_run else "withdrawn", "from", "consumed by endpoints (kept)",
+                "legacy row consumed (kept)"):
         t.add_column(col)
     for w in results:
         t.add_row(f"{w.job}/{w.queue}", f"{w.withdrawn:,}", ", ".join(f"{n} {c:,}" for n, c in w.by_table.most_common()),
-                  f"{w.consumed:,}")
+                  f"{w.consumed:,}", f"{w.kept:,}")
     out.print(t)
     for w in results:
         if w.consumed_ids:

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from helpers import Bridge
+from test_reverse_nginn import two_way  # noqa: F401 - a fixture
 from pgproxy import FaultProxy
 
 pytestmark = pytest.mark.postgres
@@ -82,3 +83,43 @@ def test_a_copy_cut_midway_and_a_result_cut_midway_are_retried(tmp_path: Path, p
     ids = direct.message_ids("Orders")
     assert len(ids) == 300 and set(Counter(ids).values()) == {1}
     assert direct.cli("verify") == 0
+
+
+@pytest.mark.slow
+def test_migrate_on_spark_with_commits_cut_delivers_each_message_once(tmp_path: Path, proxy: FaultProxy, pg_server: str,
+                                                                      pg_schema: str) -> None:
+    """The Spark units and the closing pass, every connection through the proxy (the workers'
+    too), one COMMIT in ten cut: units retry their batch, the ledger keeps each message once."""
+    direct, via = _through(tmp_path, proxy, pg_server, pg_schema, 1200, batch_size=50)
+    proxy.cut_before_commit = proxy.cut_after_commit = 0.05
+    assert qbridge(via, "migrate", "--master", "local[2]", "--unit-rows", "300") == 0
+    proxy.cut_before_commit = proxy.cut_after_commit = 0.0
+    assert proxy.counts["cut before commit"] + proxy.counts["cut after commit"] >= 2, proxy.counts
+    ids = direct.message_ids("Orders")
+    assert len(ids) == 1200 and set(Counter(ids).values()) == {1}
+    assert direct.cli("verify") == 0
+
+
+def test_a_reverse_job_with_commits_cut_on_both_sides_delivers_each_message_once(two_way, proxy: FaultProxy,
+                                                                                 pg_server: str) -> None:
+    """NServiceBus -> NGinn, move mode: the proxy queue's delete and the NGinn insert commit in
+    two databases; cut before or in doubt on either side, each reply lands once in NGinn."""
+    from nsb_endpoint import Endpoint
+
+    tw = two_way()
+    ep = Endpoint(tw.engine, tw.nsb_schema, "Orders")
+    sent = []
+    for n in range(120):
+        headers = ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send")
+        ep.send(ep.address("Sender"), headers, b'{"OrderId":%d}' % n)
+        sent.append(headers["NServiceBus.MessageId"])
+    tw.write_config(batch_size=10)
+    tw.config.write_text(tw.config.read_text().replace(f'"{tw.url}"', f'"{proxy.url()}"'))
+    proxy.cut_before_commit = proxy.cut_after_commit = 0.05
+    assert tw.cli("sync", "--once", "--job", "to-legacy", "--retries", "8") == 0
+    proxy.cut_before_commit = proxy.cut_after_commit = 0.0
+    assert proxy.counts["cut before commit"] + proxy.counts["cut after commit"] >= 2, proxy.counts
+    got = Counter(r["unique_id"] for r in tw.rows(tw.sender))
+    assert got == Counter(sent)
+    assert tw.nsb_count("Sender") == 0
+    assert tw.cli("verify", "--job", "to-legacy") == 0

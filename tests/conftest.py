@@ -152,3 +152,23 @@ def browser() -> Iterator:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def on_each_db(request, tmp_path: Path) -> Iterator:
+    """Builds a bridge on PostgreSQL (a scratch schema) or on SQLite files, `init` already run."""
+    from helpers import Bridge
+
+    made: list = []
+
+    def factory(**kwargs: object):
+        if request.param == "postgres":
+            return request.getfixturevalue("make")(**kwargs)
+        b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db", **kwargs)
+        assert b.cli("init") == 0
+        made.append(b)
+        return b
+
+    yield factory
+    for b in made:
+        b.dispose()

@@ -220,3 +220,24 @@ def unfold_ranges(b: Bridge) -> int:
             n += len(rows)
     state.ranges.table.drop(runner.target_engine)
     return n
+
+
+def flaky_passes(monkeypatch: Any, every: int = 3, *modules: Any) -> dict[str, int]:
+    """Every `every`-th pass fails as a cut connection would, before it does anything; the
+    retries of `modules` (which import with_backoff) do not sleep. Returns the count of passes."""
+    from bridge.pipeline import passes
+    from bridge.retry import with_backoff
+
+    calls = {"n": 0}
+    original = passes.Passes.run_pass
+
+    def flaky(self: Any, queue: str) -> Any:
+        calls["n"] += 1
+        if calls["n"] % every == 0:
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+        return original(self, queue)
+
+    monkeypatch.setattr(passes.Passes, "run_pass", flaky)
+    for module in modules:
+        monkeypatch.setattr(module, "with_backoff", lambda *a, **k: with_backoff(*a, **{**k, "sleep": lambda s: None}))
+    return calls

@@ -9,7 +9,6 @@ ahead makes the lag read 0 (it never goes negative)."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -20,15 +19,9 @@ AUTUMN = datetime(2026, 10, 25, 2, 30)  # Europe/Warsaw: 02:00-03:00 happens twi
 SPRING = datetime(2026, 3, 29, 2, 30)  # Europe/Warsaw: 02:00-03:00 never happens
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def bridge(request, tmp_path: Path):
-    if request.param == "postgres":
-        yield request.getfixturevalue("make")()
-        return
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db")
-    assert b.cli("init") == 0
-    yield b
-    b.dispose()
+@pytest.fixture()
+def bridge(on_each_db):
+    return on_each_db()
 
 
 def test_rows_in_the_repeated_and_the_missing_hour_arrive_once_in_id_order(bridge: Bridge) -> None:

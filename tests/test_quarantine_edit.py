@@ -13,15 +13,9 @@ from bridge.samples import nginn_row
 from helpers import Bridge
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def bridge(request, tmp_path: Path):
-    if request.param == "postgres":
-        yield request.getfixturevalue("make")()
-        return
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db")
-    assert b.cli("init") == 0
-    yield b
-    b.dispose()
+@pytest.fixture()
+def bridge(on_each_db):
+    return on_each_db()
 
 
 def _quarantined_id(b: Bridge, capsys) -> str:

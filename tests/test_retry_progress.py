@@ -4,7 +4,6 @@ afresh once one commits; a run that meets many recovered blips finishes, paying 
 from __future__ import annotations
 
 import pytest
-import sqlalchemy as sa
 
 from bridge.errors import RetryableError
 from bridge.retry import with_backoff
@@ -38,25 +37,15 @@ def test_without_progress_the_budget_runs_out() -> None:
 def test_a_drain_that_meets_more_blips_than_retries_finishes(make, monkeypatch) -> None:
     """sync --once over 30 batches, every third pass failing once at its target commit: with a
     budget of 2 attempts per batch it finishes, every message once."""
-    from bridge.pipeline import inprocess, passes
-    from bridge.retry import with_backoff as real
+    from rich.console import Console
+
+    from bridge.pipeline import inprocess
+    from helpers import flaky_passes
 
     b = make(batch_size=10)
     b.insert(b.ready(300))
     runner = b.runner()
-    calls = {"n": 0}
-    original = passes.Passes.run_pass
-
-    def flaky(self, queue):
-        calls["n"] += 1
-        if calls["n"] % 3 == 0:
-            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
-        return original(self, queue)
-
-    monkeypatch.setattr(passes.Passes, "run_pass", flaky)
-    monkeypatch.setattr(inprocess, "with_backoff", lambda *a, **k: real(*a, **{**k, "sleep": lambda s: None}))
-    from rich.console import Console
-
+    calls = flaky_passes(monkeypatch, 3, inprocess)
     inprocess.run_inprocess([runner], Console(quiet=True), attempts=2)
     assert b.count("Orders") == 300 and len(b.message_ids("Orders")) == 300
     assert calls["n"] > 40

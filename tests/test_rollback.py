@@ -15,15 +15,9 @@ from bridge.samples import nginn_row
 from helpers import Bridge, kill_at
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def bridge(request, tmp_path: Path):
-    if request.param == "postgres":
-        yield request.getfixturevalue("make")(batch_size=10)
-        return
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db", batch_size=10)
-    assert b.cli("init") == 0
-    yield b
-    b.dispose()
+@pytest.fixture()
+def bridge(on_each_db):
+    return on_each_db(batch_size=10)
 
 
 def _mixed(b: Bridge, n: int) -> None:

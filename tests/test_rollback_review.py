@@ -59,27 +59,16 @@ def test_migrate_closing_pass_counts_the_passes_of_every_attempt(make, monkeypat
     """Retries follow progress (issue 29): migrate's closing pass is retried after passes that
     committed. Its summary took the stats of the last attempt only: rows delivered by earlier
     attempts were missing from what migrate printed."""
-    import sqlalchemy as sa
     from rich.console import Console
 
     from bridge.config import load_config
-    from bridge.pipeline import passes, spark
-    from bridge.retry import with_backoff as real
+    from bridge.pipeline import spark
+    from helpers import flaky_passes
 
     b = make(batch_size=10)
     b.insert(b.ready(300))
     runner = b.runner()
-    calls = {"n": 0}
-    original = passes.Passes.run_pass
-
-    def flaky(self, queue):
-        calls["n"] += 1
-        if calls["n"] % 3 == 0:
-            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
-        return original(self, queue)
-
-    monkeypatch.setattr(passes.Passes, "run_pass", flaky)
-    monkeypatch.setattr(spark, "with_backoff", lambda *a, **k: real(*a, **{**k, "sleep": lambda s: None}))
+    flaky_passes(monkeypatch, 3, spark)
     runner.check()
     plan = spark.QueuePlan(runner, "MQueue1", None)  # no units: the closing pass does it all
     [total] = spark._run(load_config(b.config), [plan], [], Console(quiet=True), None, attempts=2)

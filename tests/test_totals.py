@@ -52,15 +52,9 @@ def mixed(b: Bridge, n: int, start: int = 1) -> None:
     b.insert(rows)
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def bridge(request, tmp_path: Path):
-    if request.param == "postgres":
-        yield request.getfixturevalue("make")(batch_size=10)
-        return
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db", batch_size=10)
-    assert b.cli("init") == 0
-    yield b
-    b.dispose()
+@pytest.fixture()
+def bridge(on_each_db):
+    return on_each_db(batch_size=10)
 
 
 def test_totals_agree_with_the_ledger_and_stay_a_few_rows(bridge: Bridge, monkeypatch) -> None:

@@ -105,15 +105,12 @@ def mariadb_database(mariadb_server: str) -> Iterator[str]:
         yield mariadb_server.replace("/test?", f"/{name}?")
 
 
-@pytest.fixture()
-def make(pg_server: str, pg_schema: str, tmp_path: Path) -> Iterator:
-    """Builds PostgreSQL-to-PostgreSQL bridges in the test's scratch schema, `init` already run."""
-    from helpers import Bridge
-
+def _bridges(build) -> Iterator:
+    """A factory of bridges made by `build(**kwargs)`, `init` already run; disposed of afterwards."""
     made: list = []
 
     def factory(**kwargs: object):
-        b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, **kwargs)
+        b = build(**kwargs)
         assert b.cli("init") == 0
         made.append(b)
         return b
@@ -121,6 +118,14 @@ def make(pg_server: str, pg_schema: str, tmp_path: Path) -> Iterator:
     yield factory
     for b in made:
         b.dispose()
+
+
+@pytest.fixture()
+def make(pg_server: str, pg_schema: str, tmp_path: Path) -> Iterator:
+    """Builds PostgreSQL-to-PostgreSQL bridges in the test's scratch schema, `init` already run."""
+    from helpers import Bridge
+
+    yield from _bridges(lambda **kw: Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, **kw))
 
 
 @pytest.fixture()
@@ -159,16 +164,7 @@ def on_each_db(request, tmp_path: Path) -> Iterator:
     """Builds a bridge on PostgreSQL (a scratch schema) or on SQLite files, `init` already run."""
     from helpers import Bridge
 
-    made: list = []
-
-    def factory(**kwargs: object):
-        if request.param == "postgres":
-            return request.getfixturevalue("make")(**kwargs)
-        b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db", **kwargs)
-        assert b.cli("init") == 0
-        made.append(b)
-        return b
-
-    yield factory
-    for b in made:
-        b.dispose()
+    if request.param == "postgres":
+        yield request.getfixturevalue("make")
+        return
+    yield from _bridges(lambda **kw: Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db", **kw))

@@ -3,7 +3,7 @@ mode through tests/pgproxy.py, once with no fault and once with COMMITs cut (hal
 reach PostgreSQL, half after it committed with the answer lost: in doubt), in one run.
 
     python3 bench/flaky_sync.py                          # 100k rows, 1 COMMIT in 20 cut
-    python3 bench/flaky_sync.py --rows 200000 --batch 20 --cut 0.1   # thousands of cuts of each kind
+    python3 bench/flaky_sync.py --rows 100000 --batch 10 --cut 0.06 --retries 10   # ~1,000 cuts of each kind
 
 Prints both times and their ratio, the cuts of each kind, and checks every message arrived once
 (lost 0, duplicated 0) and every source row was consumed. Goal: the faulty run within 2x of the
@@ -32,7 +32,7 @@ from pgproxy import FaultProxy  # noqa: E402
 TGT = "qflaky_tgt"
 
 
-def run(url: str, work: Path, proxy: FaultProxy, n: int, batch: int, cut: float) -> tuple[float, Counter]:
+def run(url: str, work: Path, proxy: FaultProxy, n: int, batch: int, cut: float, retries: int) -> tuple[float, Counter]:
     bench.seed_queue(url, n)
     bench.fresh_target(url, work, TGT)
     cfg = work / "flaky.toml"
@@ -41,7 +41,7 @@ def run(url: str, work: Path, proxy: FaultProxy, n: int, batch: int, cut: float)
     proxy.counts.clear()
     proxy.cut_before_commit = proxy.cut_after_commit = cut / 2
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "bridge.cli", "sync", "--once", "-c", str(cfg)], cwd=work,
+    done = subprocess.run([sys.executable, "-m", "bridge.cli", "sync", "--once", "--retries", str(retries), "-c", str(cfg)], cwd=work,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     proxy.cut_before_commit = proxy.cut_after_commit = 0.0
@@ -65,6 +65,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--batch", type=int, default=1000, help="batch_size (default 1000)")
     p.add_argument("--cut", type=float, default=0.05, help="share of COMMITs cut, half before, half in doubt (default 0.05)")
+    p.add_argument("--retries", type=int, default=6, help="sync's --retries (attempts per batch; default 6)")
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", bench.PG))
     args = p.parse_args()
     proxy = FaultProxy(seed=11).start()
@@ -72,8 +73,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="qbridge-flaky-") as tmp:
             work = Path(tmp)
             (work / "mapping.toml").write_text(bench.MAPPING)
-            clean, _ = run(args.pg, work, proxy, args.rows, args.batch, 0.0)
-            faulty, counts = run(args.pg, work, proxy, args.rows, args.batch, args.cut)
+            clean, _ = run(args.pg, work, proxy, args.rows, args.batch, 0.0, args.retries)
+            faulty, counts = run(args.pg, work, proxy, args.rows, args.batch, args.cut, args.retries)
     finally:
         proxy.stop()
     print(f"\nfaulty / clean: {faulty / clean:.2f} (goal: at most 2.0); cut before the server "

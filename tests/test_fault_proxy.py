@@ -86,17 +86,20 @@ def test_a_copy_cut_midway_and_a_result_cut_midway_are_retried(tmp_path: Path, p
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["copy", "move"])
 def test_migrate_on_spark_with_commits_cut_delivers_each_message_once(tmp_path: Path, proxy: FaultProxy, pg_server: str,
-                                                                      pg_schema: str) -> None:
+                                                                      pg_schema: str, mode: str) -> None:
     """The Spark units and the closing pass, every connection through the proxy (the workers'
     too), one COMMIT in ten cut: units retry their batch, the ledger keeps each message once."""
-    direct, via = _through(tmp_path, proxy, pg_server, pg_schema, 1200, batch_size=50)
+    direct, via = _through(tmp_path, proxy, pg_server, pg_schema, 1200, batch_size=50, mode=mode)
     proxy.cut_before_commit = proxy.cut_after_commit = 0.05
     assert qbridge(via, "migrate", "--master", "local[2]", "--unit-rows", "300") == 0
     proxy.cut_before_commit = proxy.cut_after_commit = 0.0
     assert proxy.counts["cut before commit"] + proxy.counts["cut after commit"] >= 2, proxy.counts
     ids = direct.message_ids("Orders")
     assert len(ids) == 1200 and set(Counter(ids).values()) == {1}
+    if mode == "move":  # a source commit cut before the server leaves its keys for the next pass
+        assert qbridge(via, "sync", "--once") == 0 and set(direct.subqueues().values()) == {"X"}
     assert direct.cli("verify") == 0
 
 

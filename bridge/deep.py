@@ -19,7 +19,6 @@ import orjson
 import sqlalchemy as sa
 
 from bridge.errors import BadRow
-from bridge.model import message_ids
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.envelope import Outgoing, envelope
 
@@ -116,23 +115,8 @@ def _possible_targets(runner: JobRunner, tconn: sa.Connection) -> set[str]:
 
 
 def _delivered(runner: JobRunner, tconn: sa.Connection) -> dict[str, list[tuple[str, str, str | None]]]:
-    """queue -> (key, message id, target or None) of the job's delivered messages: the ledger's
-    entries, and for increasing keys the range ledger's bits (their ids computed again)."""
-    job, ledger = runner.job.name, runner.state.ledger
-    out: dict[str, list[tuple[str, str, str | None]]] = defaultdict(list)
-    for queue, source in runner.sources.items():
-        origin = runner.origins[queue]
-        if source.cursor == "monotonic":
-            keys = [str(k) for k, outcome in runner.state.recorded_keys(tconn, job, origin) if outcome == "delivered"]
-            targets = dict(tconn.execute(sa.select(ledger.c.source_key, ledger.c.target).where(
-                ledger.c.origin == origin, ledger.c.job == job, ledger.c.outcome == "delivered")).all())
-            ids = message_ids(source.system, runner.database, queue, keys)
-            out[queue] = [(k, str(mid), targets.get(k)) for k, mid in zip(keys, ids)]
-            continue
-        stmt = sa.select(ledger.c.source_key, ledger.c.message_id, ledger.c.target).where(
-            ledger.c.origin == origin, ledger.c.job == job, ledger.c.outcome == "delivered")
-        out[queue] = [tuple(r) for r in tconn.execute(stmt)]
-    return out
+    """queue -> (key, message id, target or None) of the job's delivered messages."""
+    return {queue: runner.delivered(tconn, queue) for queue in runner.sources}
 
 
 def _fetch(source: Any, sconn: sa.Connection, keys: list[str]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from bridge import faults
 from bridge.config import Config
 from bridge.errors import UsageError
-from bridge.model import message_id_for, queue_origin
+from bridge.model import queue_origin
 from bridge.pipeline.loop import JobRunner, database_identity
 from bridge.sources.nginn import STATEMENT_KEYS
 
@@ -49,6 +49,11 @@ class Withdrawal:
     consumed: int = 0  # delivered, no longer in any target table: cannot be withdrawn
     consumed_ids: list[str] = field(default_factory=list)  # the first LISTED of them
     kept: int = 0  # in the target, but its legacy row was consumed since: it stays delivered
+
+    def consumed_one(self, message_id: str) -> None:
+        self.consumed += 1
+        if len(self.consumed_ids) < LISTED:
+            self.consumed_ids.append(message_id)
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "queue": self.queue, "withdrawn": self.withdrawn, "by_table": dict(self.by_table),
@@ -87,14 +92,13 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
         w = Withdrawal(runner.job.name, name)
         out.append(w)
         runner._prepare(name)
-        found = _in_target(runner, name)
-        delivered = _delivered(runner, name)
+        with runner.target_engine.connect() as tconn:
+            delivered = {key: mid for key, mid, _ in runner.delivered(tconn, name)}
+        found = _in_target(runner, name, delivered)
         for key, mid in delivered.items():
             if key not in found:
-                w.consumed += 1
-                if len(w.consumed_ids) < LISTED:
-                    w.consumed_ids.append(mid)
-        rows = [(key, *found[key]) for key in sorted(found, key=_order) if key in delivered]
+                w.consumed_one(mid)
+        rows = [(key, *found[key]) for key in sorted(found, key=_order)]
         for start in range(0, len(rows), BATCH):
             batch = _redeliverable(runner, name, rows[start:start + BATCH], w)
             if dry_run:
@@ -156,8 +160,9 @@ def _order(key: str) -> Any:
     return (0, int(key), "") if key.isdigit() else (1, 0, key)
 
 
-def _in_target(runner: JobRunner, queue: str) -> dict[str, tuple[str, Any, str]]:
-    """key -> (table, row id, kind) of the job's undelivered-to-an-endpoint rows of `queue`."""
+def _in_target(runner: JobRunner, queue: str, delivered: dict[str, str]) -> dict[str, tuple[str, Any, str]]:
+    """key -> (table, row id, message id) of the rows in the job's tables that carry a message of
+    `queue` the ledger has as `delivered` (key -> message id) and no endpoint has processed."""
     source = runner.sources[queue]
     prefix = f"{source.system}://{runner.database}/{queue}/"
     escaped = orjson.dumps(prefix).decode()[1:-1].replace("/", "\\/")  # as the transport's JSON writes it
@@ -166,8 +171,6 @@ def _in_target(runner: JobRunner, queue: str) -> dict[str, tuple[str, Any, str]]
     with runner.target_engine.connect() as tconn:
         for table in tables:
             headers_col, key_col = runner.tables.column(table, "Headers"), row_key(table)
-            kind = "delayed" if table.name.endswith(".Delayed") else (
-                "error" if table.name == runner.job.target.error_queue else "queue")
             stmt = sa.select(key_col, headers_col).execution_options(stream_results=True, yield_per=2000)
             for row_id, text in tconn.execute(stmt):
                 if prefix not in text and escaped not in text:  # rows of other jobs and senders: not parsed
@@ -177,8 +180,9 @@ def _in_target(runner: JobRunner, queue: str) -> dict[str, tuple[str, Any, str]]
                 if not origin.startswith(prefix) or any(p in h for p in PROCESSED):
                     continue
                 key = origin[len(prefix):]
-                if h.get("NServiceBus.MessageId") == str(message_id_for(source.system, runner.database, queue, key)):
-                    found[key] = (str(table.name), row_id, kind)
+                mid = delivered.get(key)
+                if mid is not None and h.get("NServiceBus.MessageId") == mid:
+                    found[key] = (str(table.name), row_id, mid)
     return found
 
 
@@ -188,18 +192,6 @@ def row_key(table: sa.Table) -> sa.Column:
         if name in table.c:
             return table.c[name]
     raise AssertionError(f"no row key in {table.name}")
-
-
-def _delivered(runner: JobRunner, queue: str) -> dict[str, str]:
-    """key -> message id of what the ledger has as delivered for the job's `queue`."""
-    source, origin = runner.sources[queue], runner.origins[queue]
-    state = runner.state
-    with runner.target_engine.connect() as tconn:
-        if source.cursor == "monotonic":
-            keys = [str(k) for k, o in state.recorded_keys(tconn, runner.job.name, origin) if o == "delivered"]
-        else:
-            keys = [k for k, o in state.ledger_keys(tconn, runner.job.name, origin) if o == "delivered"]
-    return {k: str(message_id_for(source.system, runner.database, queue, k)) for k in keys}
 
 
 def _withdraw(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, str]], w: Withdrawal) -> None:
@@ -231,9 +223,9 @@ def _lock_and_delete(runner: JobRunner, tconn: sa.Connection, batch: list[tuple[
     endpoint took since it was listed (its receive holds it, or deleted it) is not there to lock:
     its message was consumed, so the ledger keeps it and it is counted as such."""
     tables = {str(t.name): t for t in runner.target.tables()}
-    by_table: dict[str, dict[Any, str]] = {}
-    for key, table, row_id, _ in batch:
-        by_table.setdefault(table, {})[row_id] = key
+    by_table: dict[str, dict[Any, tuple[str, str]]] = {}  # table -> row id -> (key, message id)
+    for key, table, row_id, mid in batch:
+        by_table.setdefault(table, {})[row_id] = (key, mid)
     keys = []
     for name, rows in by_table.items():
         table = tables[name]
@@ -245,9 +237,7 @@ def _lock_and_delete(runner: JobRunner, tconn: sa.Connection, batch: list[tuple[
             if present:
                 tconn.execute(sa.delete(table).where(col.in_(present)))
             w.by_table[name] += len(present)
-            keys += [rows[i] for i in present]
+            keys += [rows[i][0] for i in present]
             for gone in set(chunk) - set(present):
-                w.consumed += 1
-                if len(w.consumed_ids) < LISTED:
-                    w.consumed_ids.append(str(message_id_for(runner.job.source.system, runner.database, w.queue, rows[gone])))
+                w.consumed_one(rows[gone][1])
     return keys

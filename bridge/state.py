@@ -333,8 +333,8 @@ class State:
 
     def recorded_keys(self, conn: sa.Connection, job: str, origin: int) -> Iterator[tuple[int, str]]:
         """(key, outcome) of a ranged queue, ascending, each key once: its range bits (which any
-        job reading the queue set) merged with the job's per-message entries, an entry's word
-        first (a replay or discard changed it), both streamed."""
+        job reading the queue set), streamed, merged with the job's per-message entries, an
+        entry's word first (a replay or discard changed it)."""
         # Fetched whole before the range pages are read: a ranged queue's entries are only its
         # quarantined messages (and what replay or discard made of them), and one result at a
         # time is all SQL Server serves on a connection without MARS.

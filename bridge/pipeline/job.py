@@ -16,7 +16,7 @@ from bridge.db import describe, engine_for
 from bridge.errors import RetryableError, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.ledger_upgrade import require_current
-from bridge.model import message_id_for, queue_origin
+from bridge.model import message_id_for, message_ids, queue_origin
 from bridge.pipeline.stats import PassStats
 from bridge.ranges_upgrade import unfolded
 from bridge.sources import Source, SourceRow, Subscription, source_class
@@ -96,6 +96,20 @@ class JobSetup:
         known = self.state.known(tconn, self.origins[source.queue], texts, ranged=source.cursor == "monotonic")
         return {k: known[t] for k, t in zip(keys, texts) if t in known}
 
+    def delivered(self, tconn: sa.Connection, queue: str) -> list[tuple[str, str, str | None]]:
+        """(key, message id, target table or None) of what the ledger has as delivered by this
+        job from `queue`: its entries, and for increasing keys the range bits (their ids made
+        again; a range keeps no target)."""
+        source, origin, job = self.sources[queue], self.origins[queue], self.job.name
+        l = self.state.ledger
+        mine = (l.c.origin == origin, l.c.job == job, l.c.outcome == "delivered")
+        if source.cursor != "monotonic":
+            return [tuple(r) for r in tconn.execute(sa.select(l.c.source_key, l.c.message_id, l.c.target).where(*mine))]
+        keys = [str(k) for k, outcome in self.state.recorded_keys(tconn, job, origin) if outcome == "delivered"]
+        targets = dict(tconn.execute(sa.select(l.c.source_key, l.c.target).where(*mine)).all())
+        ids = message_ids(source.system, self.database, queue, keys)
+        return [(k, str(mid), targets.get(k)) for k, mid in zip(keys, ids)]
+
     def check(self) -> None:
         """Both databases answer, source tables look right, checkpoints exist; a clear error if not."""
         job = self.job
@@ -118,9 +132,9 @@ class JobSetup:
                 require_current(tconn, self.state.ledger.schema, self.job.target.connection)
                 # A range ledger in place is no proof that this job's NGinn queues were folded.
                 ranges = self.state.ranges.table
-                late = [q for q, s in self.sources.items() if s.cursor == "monotonic"
-                        and sa.inspect(tconn).has_table(ranges.name, schema=ranges.schema)
-                        and unfolded(tconn, self.state, self.origins[q])]
+                ranged = [q for q, s in self.sources.items() if s.cursor == "monotonic"]
+                in_place = bool(ranged) and sa.inspect(tconn).has_table(ranges.name, schema=ranges.schema)
+                late = [q for q in ranged if in_place and unfolded(tconn, self.state, self.origins[q])]
             if late:
                 raise TargetSchemaError(
                     f"the ledger in {self.job.target.connection!r} keeps messages of {', '.join(map(repr, late))} "

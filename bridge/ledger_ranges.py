@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql
@@ -133,29 +134,27 @@ class Ranges:
             if had & _any(bits) and not merge:
                 raise AlreadyRecorded(f"key {next(keys_of(block, had & _any(bits)))} recorded already")
             merged = [o | (n & ~had) for o, n in zip(old[block], bits)]
-            updates.append({"o_": origin, "b_": block, **{o: _bytes(m) for o, m in zip(OUTCOMES, merged)}, "at": now})
-        if updates:
-            t = self.table
-            conn.execute(sa.update(t).where(t.c.origin == sa.bindparam("o_"), t.c.block == sa.bindparam("b_")), updates)
+            updates.append((block, merged))
+        self._update(conn, origin, updates, now)
         insert_values(conn, self.table, COLUMNS, inserts)
 
-    def unmark(self, conn: sa.Connection, origin: int, keys: Iterable[int]) -> int:
+    def unmark(self, conn: sa.Connection, origin: int, keys: Iterable[int]) -> None:
         """Clears every bit of `keys` in the caller's transaction (a rollback withdrew their
-        messages, so a later pass delivers them again); returns how many bits were set."""
+        messages, so a later pass delivers them again)."""
         gone: dict[int, int] = defaultdict(int)
         for key in keys:
             gone[key >> SHIFT] |= 1 << (key & MASK)
         old = self._read(conn, origin, sorted(gone), True)
-        updates, cleared = [], 0
-        for block, bits in old.items():
-            keep = ~gone[block]
-            cleared += (_any(bits) & gone[block]).bit_count()
-            updates.append({"o_": origin, "b_": block, **{o: _bytes(b & keep) for o, b in zip(OUTCOMES, bits)},
-                            "at": naive_utc(utcnow())})
-        if updates:
+        self._update(conn, origin, [(block, [b & ~gone[block] for b in bits]) for block, bits in old.items()],
+                     naive_utc(utcnow()))
+
+    def _update(self, conn: sa.Connection, origin: int, blocks: Sequence[tuple[int, list[int]]], now: datetime) -> None:
+        """Writes (block, bits per outcome) over existing rows, in one executemany."""
+        if blocks:
             t = self.table
-            conn.execute(sa.update(t).where(t.c.origin == sa.bindparam("o_"), t.c.block == sa.bindparam("b_")), updates)
-        return cleared
+            conn.execute(sa.update(t).where(t.c.origin == sa.bindparam("o_"), t.c.block == sa.bindparam("b_")),
+                         [{"o_": origin, "b_": block, **{o: _bytes(b) for o, b in zip(OUTCOMES, bits)}, "at": now}
+                          for block, bits in blocks])
 
     def stream(self, conn: sa.Connection, origin: int) -> Iterator[tuple[int, str]]:
         """(key, outcome) of every key with a bit, ascending; read a page of blocks at a time,

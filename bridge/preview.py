@@ -24,7 +24,7 @@ from bridge.errors import SourceSchemaError
 from bridge.ledger_upgrade import require_current
 from bridge.pipeline.loop import JobRunner
 from bridge.sources import Source, SourceRow
-from bridge.targets.base import Skipped, Target
+from bridge.targets.base import Skipped
 
 REASONS = 100  # distinct quarantine reasons kept per queue; the rest are counted together
 EXAMPLES = 3  # example keys per reason
@@ -173,14 +173,10 @@ def _count(runner: JobRunner, source: Source, tconn: sa.Connection | None, rows:
 def _map(runner: JobRunner, source: Source, row: SourceRow, translated: frozenset[str]) -> tuple[str, list[str], Any, str]:
     """(legacy state, its legacy types, what the target makes of it or None, why not): the fast
     lane when source and target have one, else the validated path, as a batch maps a row."""
-    if type(source).plain is not Source.plain and type(runner.target).plain_envelope is not Target.plain_envelope:
-        try:
-            plain = source.plain(row, str(runner.message_id(source, row)))
-            out = runner.target.plain_envelope(plain, translated) if plain is not None else None
-            if out is not None:
-                return plain.state, plain.enclosed_types, out, ""
-        except Exception:  # noqa: BLE001 - the validated path reads it again and says what is wrong
-            pass
+    fast = runner.fast_map(source, row, str(runner.message_id(source, row)), translated) if runner.lane_for(source) else None
+    if fast is not None:
+        out, plain = fast
+        return plain.state, plain.enclosed_types, out, ""
     msg, result, reason = runner.map_row(source, row, translated)
     return (msg.state, list(msg.enclosed_types), result, "") if msg is not None else ("unreadable", [], None, reason)
 

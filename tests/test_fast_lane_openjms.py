@@ -33,7 +33,7 @@ def _lanes(j: Jms, queue: str, lock: bool) -> tuple[list[Any], int]:
     source = runner.sources[queue]
     with runner.source_engine.connect() as conn:
         rows = source.fetch_keys(conn, list(source.iter_keys(conn)), False)
-    taken = sum(1 for r in rows if runner._plain(source, r._replace(values=dict(r.values)), str(runner.message_id(source, r)),
+    taken = sum(1 for r in rows if runner.fast_map(source, r._replace(values=dict(r.values)), str(runner.message_id(source, r)),
                                                frozenset()) is not None)
     results = []
     for fast in (True, False):

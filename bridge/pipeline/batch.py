@@ -15,7 +15,7 @@ from sqlalchemy import exc as sa_exc
 from bridge.db import unique_violation
 from bridge.errors import BadRow
 from bridge.ledger_ranges import AlreadyRecorded
-from bridge.model import message_ids
+from bridge.model import PlainMessage, message_ids
 from bridge.pipeline.job import JobSetup, LedgerConflict
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
@@ -59,7 +59,7 @@ class Batch(JobSetup):
         # Each row's outcome goes into `known` as it is settled: a later copy of the same key in
         # this batch (a reverse job's message an endpoint sent twice) counts as already there.
         known = dict(known)
-        lane = self.fast_lane and type(source).plain is not Source.plain and type(self.target).plain_envelope is not Target.plain_envelope
+        lane = self.lane_for(source)
         outs: list[Any] = []
         entries: list[LedgerEntry] = []
         quarantined: list[Quarantined] = []
@@ -76,9 +76,9 @@ class Batch(JobSetup):
                 if lock and row.consumable and (seen != "quarantined" or take_quarantined):
                     consume.append(row.key)
                 continue
-            fast = self._plain(source, row, mid, translated) if lane else None
+            fast = self.fast_map(source, row, mid, translated) if lane else None
             if fast is not None:
-                result, sent = fast
+                result, sent = fast[0], fast[1].time_sent
             else:
                 msg, result, reason = self.map_row(source, row, translated)
                 if result is None:
@@ -107,9 +107,14 @@ class Batch(JobSetup):
             stats.lag_seconds = max(0.0, (now - oldest).total_seconds())
         return outs, entries, quarantined, consume
 
-    def _plain(self, source: Source, row: SourceRow, message_id: str, translated: frozenset[str]
-               ) -> tuple[Any, Any] | None:
-        """(what the target makes of it, when it was sent) by the fast lane: no CanonicalMessage.
+    def lane_for(self, source: Source) -> bool:
+        """Whether rows of `source` try the fast lane: it is on, and source and target both have one."""
+        return (self.fast_lane and type(source).plain is not Source.plain
+                and type(self.target).plain_envelope is not Target.plain_envelope)
+
+    def fast_map(self, source: Source, row: SourceRow, message_id: str, translated: frozenset[str]
+                 ) -> tuple[Any, PlainMessage] | None:
+        """(what the target makes of it, the plain message) by the fast lane: no CanonicalMessage.
         None when the row is not the common case, or anything at all goes wrong on the way: the
         validated path (`map_row`) then reads it again and says what is wrong."""
         try:
@@ -119,7 +124,7 @@ class Batch(JobSetup):
             out = self.target.plain_envelope(msg, translated)
         except Exception:
             return None
-        return None if out is None else (out, msg.time_sent)
+        return None if out is None else (out, msg)
 
     def map_row(self, source: Source, row: SourceRow, translated: frozenset[str] = frozenset()
                 ) -> tuple[Any, Any, str]:

@@ -80,6 +80,14 @@ def _create(url: str) -> sa.Engine:
     return engine
 
 
+def read_only_engine(url: str) -> sa.Engine:
+    """An engine of its own for commands that only read (preview, discover): no BEGIN IMMEDIATE
+    on SQLite, which would lock the legacy writers out, and read-only transactions on PostgreSQL.
+    The caller disposes of it."""
+    engine = sa.create_engine(url)
+    return engine.execution_options(postgresql_readonly=True) if engine.dialect.name == "postgresql" else engine
+
+
 def _sqlite_immediate(engine: sa.Engine) -> None:
     """Every SQLite transaction takes the write lock up front (BEGIN IMMEDIATE).
 

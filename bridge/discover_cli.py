@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from rich.table import Table
 
 from bridge.cli_common import err, out
-from bridge.db import describe, engine_for
+from bridge.db import describe, read_only_engine
 from bridge.discover import discover
 from bridge.discover_write import write_starter
 from bridge.errors import UsageError
@@ -24,11 +24,13 @@ def discover_command(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.url!r} is not a database URL (e.g. postgresql+psycopg://host/db, sqlite:///legacy.db)") from None
     if args.sample < 0:
         raise UsageError("--sample must be 0 or more")
-    engine = engine_for(url.render_as_string(hide_password=False))
+    engine = read_only_engine(url.render_as_string(hide_password=False))
     try:
         found = discover(engine, args.schema, args.sample)
     except sa.exc.SQLAlchemyError as e:
         raise describe(e, "legacy", url.render_as_string(hide_password=False)) from None
+    finally:
+        engine.dispose()
     if args.json:
         sys.stdout.write(orjson.dumps(found.to_json()).decode() + "\n")
     else:

@@ -20,6 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.db import read_only_engine
 from bridge.errors import SourceSchemaError
 from bridge.ledger_upgrade import require_current
 from bridge.pipeline.loop import JobRunner
@@ -90,9 +91,9 @@ def preview(runner: JobRunner, missing_tables: list[str]) -> JobPreview:
     """Reads and maps every pending row of the job's queues; writes nothing."""
     out = JobPreview(runner.job.name, missing_tables=missing_tables)
     started = time.monotonic()
-    source_engine, target_engine = _reader(runner.source_url), _reader(runner.target_url)
+    source_engine, target_engine = read_only_engine(runner.source_url), read_only_engine(runner.target_url)
     try:
-        with _connect(source_engine) as sconn, _connect(source_engine) as kconn, _connect(target_engine) as tconn:
+        with source_engine.connect() as sconn, source_engine.connect() as kconn, target_engine.connect() as tconn:
             l = runner.state.ledger
             ledger = sa.inspect(tconn).has_table(l.name, schema=l.schema)  # before `init`, nothing is delivered yet
             if ledger:
@@ -114,18 +115,6 @@ def preview(runner: JobRunner, missing_tables: list[str]) -> JobPreview:
         target_engine.dispose()
     out.seconds = time.monotonic() - started
     return out
-
-
-def _reader(url: str) -> sa.Engine:
-    """An engine of its own: no BEGIN IMMEDIATE on SQLite (it would lock the legacy writers out)."""
-    return sa.create_engine(url)
-
-
-def _connect(engine: sa.Engine) -> sa.Connection:
-    conn = engine.connect()
-    if engine.dialect.name == "postgresql":
-        conn = conn.execution_options(postgresql_readonly=True)
-    return conn
 
 
 def _batches(runner: JobRunner, source: Source, sconn: sa.Connection, kconn: sa.Connection):

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from rich.table import Table
 
 from bridge.cli_common import out, runners_of
+from bridge.db import read_only_engine
 from bridge.preview import JobPreview, preview
 
 
@@ -19,7 +20,7 @@ def missing_tables(config, job) -> list[str]:
 
     missing = []
     for p in provision.plan(config, [job]):
-        engine = sa.create_engine(p.url)
+        engine = read_only_engine(p.url)
         try:
             with engine.connect() as conn:
                 insp = sa.inspect(conn)

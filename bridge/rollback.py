@@ -13,8 +13,12 @@ Per batch, one target transaction locks the listed target rows (an endpoint's re
 locked row; a row it took meanwhile is not there to lock, and counts as consumed), deletes them,
 clears their ledger bits or entries, takes them off the totals, and for NGinn lowers the
 checkpoint below them so a pass reads them again. Killed at any point, a batch is either
-withdrawn whole or not at all, and rollback run again withdraws what is left. Move mode is
-refused for now: giving consumed legacy rows back needs a second commit on the legacy side.
+withdrawn whole or not at all, and rollback run again withdraws what is left.
+
+Move mode consumed the legacy rows: the same transaction records what each needs to be given
+back, and bridge.giveback gives them back in a second, legacy, commit (see there for why a kill
+between the two loses and doubles nothing). Built for NGinn, whose consumed row stays in its
+table; OpenJMS and BizTalk delete theirs, and move-mode jobs of theirs are refused.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, giveback
 from bridge.config import Config
-from bridge.errors import UsageError
+from bridge.errors import TargetSchemaError, UsageError
 from bridge.model import queue_origin
 from bridge.pipeline.loop import JobRunner, database_identity
 from bridge.sources.nginn import STATEMENT_KEYS
@@ -49,6 +53,8 @@ class Withdrawal:
     consumed: int = 0  # delivered, no longer in any target table: cannot be withdrawn
     consumed_ids: list[str] = field(default_factory=list)  # the first LISTED of them
     kept: int = 0  # in the target, but its legacy row was consumed since: it stays delivered
+    given_back: int = 0  # move mode: legacy rows given back to the legacy receiver
+    quarantined: int = 0  # move mode: legacy rows gone before they could be given back (bridge.giveback)
 
     def consumed_one(self, message_id: str) -> None:
         self.consumed += 1
@@ -57,7 +63,8 @@ class Withdrawal:
 
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "queue": self.queue, "withdrawn": self.withdrawn, "by_table": dict(self.by_table),
-                "consumed": self.consumed, "consumed_ids": self.consumed_ids, "kept": self.kept}
+                "consumed": self.consumed, "consumed_ids": self.consumed_ids, "kept": self.kept,
+                "given_back": self.given_back, "quarantined": self.quarantined}
 
 
 def check(runner: JobRunner) -> None:
@@ -65,9 +72,10 @@ def check(runner: JobRunner) -> None:
     if job.reverse:
         raise UsageError(f"job {job.name!r} is a reverse job: its messages went into a legacy store, whose receivers "
                          "take them as they come; rollback withdraws what a forward job wrote into NServiceBus tables")
-    if job.mode == "move":
-        raise UsageError(f"job {job.name!r} is in move mode: giving consumed legacy rows back is not supported yet "
-                         "(rollback withdraws what copy-mode jobs delivered); nothing done")
+    if job.mode == "move" and not all(s.gives_back for s in runner.sources.values()):
+        raise UsageError(f"job {job.name!r} is in move mode on {job.source.system}, whose consumed legacy rows are deleted "
+                         "(their content is only in the NServiceBus tables now): giving them back is built for NGinn "
+                         "move-mode jobs and copy-mode jobs of every system; nothing done")
 
 
 def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
@@ -87,11 +95,20 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
                 "queue into this ledger, whose ranges keep no job: rollback would withdraw their messages too (a "
                 "move-mode job consumed their legacy rows, so they would come back as skipped) and move only this "
                 "job's checkpoint back; nothing done")
+    move = runner.job.mode == "move"
+    if move and not runner.givebacks_kept():
+        raise TargetSchemaError(f"the target {runner.job.target.connection!r} has no qbridge_givebacks table, which a "
+                                "move-mode rollback writes (made by an earlier qbridge): run `qbridge init -c CONFIG`")
     out = []
     for name in [queue] if queue else list(runner.sources):
         w = Withdrawal(runner.job.name, name)
         out.append(w)
         runner._prepare(name)
+        if move and not dry_run:
+            # Rows a pass delivered and did not consume yet, and rows an earlier rollback still
+            # owes, settled first: every delivered row is then consumed, and every owed one back.
+            runner._consume_pending(name)
+            _count_given(w, giveback.finish(runner, name))
         with runner.target_engine.connect() as tconn:
             delivered = {key: mid for key, mid, _ in runner.delivered(tconn, name)}
         found = _in_target(runner, name, delivered)
@@ -103,34 +120,48 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
             batch = _redeliverable(runner, name, rows[start:start + BATCH], w)
             if dry_run:
                 w.withdrawn += len(batch)
-                w.by_table.update(table for _, table, _, _ in batch)
+                w.by_table.update(table for _, table, _, _, _ in batch)
+                w.given_back += sum(1 for *_, owed in batch if owed is not None)
                 continue
             _withdraw(runner, name, batch, w)
+            if move:
+                _count_given(w, giveback.finish(runner, name))
     return out
+
+
+def _count_given(w: Withdrawal, counts: tuple[int, int]) -> None:
+    w.given_back += counts[0]
+    w.quarantined += counts[1]
 
 
 PENDING = ("I", "R", "F")  # NGinn rows a pass delivers again as they were; a processed one ('X') is skipped
 
 
-def _redeliverable(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, str]],
-                   w: Withdrawal) -> list[tuple[str, str, Any, str]]:
-    """The batch's messages whose legacy row is still there to be delivered again (a copy-mode
-    job leaves it alone, but the legacy system's own receiver, or the job when it ran in move
-    mode before, may have consumed it); the others stay delivered, counted as kept."""
+Item = tuple[str, str, Any, str, giveback.Owed | None]  # key, table, row id, message id, what its legacy row is owed
+
+
+def _redeliverable(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, str]], w: Withdrawal) -> list[Item]:
+    """The batch's messages whose legacy row is still there to be delivered again, with what
+    it is owed in move mode (the job consumed it: it is given back). In copy mode the legacy
+    system's own receiver, or the job when it ran in move mode before, may have consumed it:
+    such messages stay delivered, counted as kept, as do those whose row is gone."""
     source = runner.sources[queue]
     with runner.source_engine.connect() as sconn:
         if source.cursor == "monotonic":
             rows = {str(r.key): r for r in source.fetch_ranges(sconn, [(int(k), int(k)) for k, *_ in batch], False)}
         else:
             rows = {str(r.key): r for r in source.fetch_keys(sconn, [k for k, *_ in batch], False)}
-    audit = runner.job.target.audit_queue
-    out = []
-    for item in batch:
-        key, table, _, _ = item
+    audit, error = runner.job.target.audit_queue, runner.job.target.error_queue
+    move = runner.job.mode == "move"
+    out: list[Item] = []
+    for key, table, row_id, mid in batch:
         row = rows.get(key)
         # A processed row comes back only where it went as processed: to audit, by the mapping.
         if row is not None and (source.cursor != "monotonic" or row.values.get("subqueue") in PENDING or table == audit):
-            out.append(item)
+            out.append((key, table, row_id, mid, None))
+        elif row is not None and move:
+            payload = source.give_back_payload(row, to_error=table == error)
+            out.append((key, table, row_id, mid, None if payload is None else giveback.Owed(key, mid, payload)))
         else:
             w.kept += 1  # its legacy row was consumed: withdrawn, it could not come back
     return out
@@ -194,7 +225,7 @@ def row_key(table: sa.Table) -> sa.Column:
     raise AssertionError(f"no row key in {table.name}")
 
 
-def _withdraw(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, str]], w: Withdrawal) -> None:
+def _withdraw(runner: JobRunner, queue: str, batch: list[Item], w: Withdrawal) -> None:
     source, origin, state = runner.sources[queue], runner.origins[queue], runner.state
     ranged = source.cursor == "monotonic"
     with runner.target_engine.begin() as tconn:
@@ -212,19 +243,20 @@ def _withdraw(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, st
                 state.save_checkpoint(tconn, cp)
         if keys:
             state.totals.add(tconn, runner.job.name, queue, origin, Counter({("delivered", None): -len(keys)}))
+        withdrawn = set(keys)
+        giveback.owe(tconn, state, runner.job.name, queue, [o for *_, o in batch if o is not None and o.key in withdrawn])
         faults.reached("rollback_before_commit")
     faults.reached("rollback_after_commit")
     w.withdrawn += len(keys)
 
 
-def _lock_and_delete(runner: JobRunner, tconn: sa.Connection, batch: list[tuple[str, str, Any, str]],
-                     w: Withdrawal) -> list[str]:
+def _lock_and_delete(runner: JobRunner, tconn: sa.Connection, batch: list[Item], w: Withdrawal) -> list[str]:
     """Locks the batch's target rows, deletes those still there and returns their keys. A row an
     endpoint took since it was listed (its receive holds it, or deleted it) is not there to lock:
     its message was consumed, so the ledger keeps it and it is counted as such."""
     tables = {str(t.name): t for t in runner.target.tables()}
     by_table: dict[str, dict[Any, tuple[str, str]]] = {}  # table -> row id -> (key, message id)
-    for key, table, row_id, mid in batch:
+    for key, table, row_id, mid, _ in batch:
         by_table.setdefault(table, {})[row_id] = (key, mid)
     keys = []
     for name, rows in by_table.items():

@@ -34,13 +34,19 @@ def rollback_command(args: argparse.Namespace, holding) -> int:
 
 def _print(results: list[Withdrawal], dry_run: bool) -> None:
     t = Table(title="qbridge rollback" + (" (dry run: nothing withdrawn)" if dry_run else ""))
+    move = any(w.given_back or w.quarantined for w in results)
     for col in ("job/queue", "would withdraw" if dry_run else "withdrawn", "from", "consumed by endpoints (kept)",
-                "legacy row consumed (kept)"):
+                "legacy row consumed (kept)") + (("would give back" if dry_run else "given back to legacy",) if move else ()):
         t.add_column(col)
     for w in results:
         t.add_row(f"{w.job}/{w.queue}", f"{w.withdrawn:,}", ", ".join(f"{n} {c:,}" for n, c in w.by_table.most_common()),
-                  f"{w.consumed:,}", f"{w.kept:,}")
+                  f"{w.consumed:,}", f"{w.kept:,}", *((f"{w.given_back:,}",) if move else ()))
     out.print(t)
+    for w in results:
+        if w.quarantined:
+            out.print(f"{w.queue}: {w.quarantined:,} legacy row(s) were gone before they could be given back: their "
+                      "messages are in quarantine (`qbridge quarantine list`), from where `replay` delivers them",
+                      markup=False, highlight=False)
     for w in results:
         if w.consumed_ids:
             more = f" (and {w.consumed - len(w.consumed_ids):,} more)" if w.consumed > len(w.consumed_ids) else ""
@@ -70,6 +76,11 @@ def statements(runner) -> list[str]:
     show(sa.update(r).where(r.c.origin == sa.bindparam("o_"), r.c.block == sa.bindparam("b_"))
          .values(delivered=sa.bindparam("delivered"), skipped=sa.bindparam("skipped"), quarantined=sa.bindparam("quarantined")))
     show(sa.insert(s.totals.table))
+    if job.mode == "move":
+        show(sa.insert(s.givebacks))
+        lines.append("-- then, per batch, in the legacy database and under the checkpoint lock: the rows given back "
+                     "(NGinn: UPDATE <queue> SET subqueue = the one it had WHERE id IN (...) AND subqueue = 'X' and "
+                     "last_processed as move mode left it), committed before the qbridge_givebacks rows are deleted")
     lines.append("-- the rows to withdraw are those whose QBridge.Source header names this job's queue and whose "
                  "NServiceBus.MessageId is its deterministic id, unprocessed (no NServiceBus.ProcessingEndpoint)")
     return lines

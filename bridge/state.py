@@ -28,6 +28,7 @@ LEDGER = "qbridge_ledger"
 CHECKPOINT = "qbridge_checkpoint"
 QUARANTINE = "qbridge_quarantine"
 AUDIT = "qbridge_quarantine_audit"
+GIVEBACKS = "qbridge_givebacks"
 LEDGER_COLUMNS = ("origin", "source_key", "message_id", "job", "queue", "outcome", "target", "reason", "at")
 
 
@@ -102,8 +103,20 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         sa.Index("ix_qbridge_quarantine_audit_job", "job", "at"),
         schema=schema,
     )
+    # Legacy rows a move-mode rollback owes back (bridge.giveback): written with the withdrawal,
+    # removed once the legacy side has them again; at most one rollback batch's worth.
+    givebacks = sa.Table(
+        GIVEBACKS, md,
+        sa.Column("job", sa.String(128), primary_key=True),
+        sa.Column("queue", sa.String(128), primary_key=True),
+        sa.Column("source_key", sa.String(LEDGER_KEY_MAX), primary_key=True),
+        sa.Column("message_id", sa.String(36), nullable=False),
+        sa.Column("payload", sa.Text(), nullable=False),
+        sa.Column("at", sa.DateTime(), nullable=False),
+        schema=schema,
+    )
     return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit,
-            "totals": totals_table(schema, md), "ranges": ranges_table(schema, md)}
+            "totals": totals_table(schema, md), "ranges": ranges_table(schema, md), "givebacks": givebacks}
 
 
 @dataclass
@@ -161,9 +174,11 @@ class State:
         self.ledger, self.checkpoint, self.quarantine, self.audit = t["ledger"], t["checkpoint"], t["quarantine"], t["audit"]
         self.totals = Totals(t["totals"])
         self.ranges = Ranges(t["ranges"])
+        self.givebacks = t["givebacks"]
 
     def all_tables(self) -> list[sa.Table]:
-        return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table]
+        return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table,
+                self.givebacks]
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:

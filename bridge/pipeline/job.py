@@ -73,6 +73,7 @@ class JobSetup:
             source.due_only = not self.target.schedules
         self._ready: set[str] = set()
         self._ledger_checked = False
+        self._givebacks_kept: bool | None = None  # whether qbridge_givebacks exists (giveback.finish)
         # The checkpoint version the last pass saved, when its pending list held its own keys
         # alone (settle_pending's fast path); None when other passes' keys were there too.
         self._settle_version: int | None = None
@@ -142,6 +143,15 @@ class JobSetup:
                     "ledger was created beside them, or folded without these queues); stop every qbridge process "
                     "using it and run `qbridge init -c CONFIG` once to fold them")
             self._ledger_checked = True
+
+    def givebacks_kept(self) -> bool:
+        """Whether the target has qbridge_givebacks (made by `init` since issue 28): a ledger
+        without it has never had anything given back, and passes need not look (once a process)."""
+        if self._givebacks_kept is None:
+            g = self.state.givebacks
+            with self.target_engine.connect() as tconn:
+                self._givebacks_kept = sa.inspect(tconn).has_table(g.name, schema=g.schema)
+        return self._givebacks_kept
 
     def _prepare(self, queue: str) -> None:
         self.check_ledger()

@@ -115,6 +115,26 @@ class Source:
         """Move mode: marks rows consumed the way the legacy receiver does. Idempotent."""
         raise NotImplementedError
 
+    # Move-mode rollback: whether consumed rows can be given back to the legacy receiver
+    # (give_back_payload, give_back, given_back_raw); rollback refuses a move-mode job without.
+    gives_back: ClassVar[bool] = False
+
+    def give_back_payload(self, row: SourceRow, to_error: bool) -> dict[str, Any] | None:
+        """What giving `row` back needs (JSON-safe), read as move mode left it; None when move
+        mode did not consume it (still pending: nothing to give back). `to_error`: its message
+        went to the error queue."""
+        raise NotImplementedError
+
+    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> list[str]:
+        """Gives the owed rows (bridge.giveback.Owed) back, in the caller's legacy transaction,
+        touching only rows still as move mode left them (so a second call after a crash changes
+        nothing); returns the keys whose row is gone."""
+        raise NotImplementedError
+
+    def given_back_raw(self, owed: Any) -> dict[str, Any]:
+        """The raw row, as before move mode consumed it, of an owed row that is gone (quarantined)."""
+        raise NotImplementedError
+
     def count_after(self, conn: sa.Connection, after: int | None) -> int:
         """How many rows lie beyond the checkpoint (the backlog)."""
         raise NotImplementedError

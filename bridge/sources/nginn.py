@@ -185,6 +185,47 @@ class NGinnSource(Source):
                                  .values(subqueue="X", last_processed=now_local)).rowcount
         return done
 
+    # -- giving consumed rows back (move-mode rollback, bridge.giveback) ---------------------
+    gives_back: ClassVar[bool] = True
+
+    def give_back_payload(self, row: SourceRow, to_error: bool) -> dict[str, Any] | None:
+        """The subqueue the row had: F if its message went to error; else R while its
+        retry_time is ahead (NGinn's cleanup thread moves it to I when due), I after. Its
+        `last_processed` as move mode's consume stamped it tells the row, untouched since."""
+        v = row.values
+        if v["subqueue"] != "X":
+            return None
+        now_local = utcnow().astimezone(self.tz).replace(tzinfo=None)
+        letter = "F" if to_error else ("R" if v["retry_time"] is not None and v["retry_time"] > now_local else "I")
+        return {"subqueue": letter, "raw": self.raw(row)}
+
+    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> list[str]:
+        from bridge.jsonsafe import json_safe
+
+        t = self.table
+        ids = [int(o.key) for o in owed]
+        found: dict[int, Any] = {}
+        for start in range(0, len(ids), STATEMENT_KEYS):
+            # Locked, not skip-locked: a row a legacy receiver holds is waited for, never taken as gone.
+            stmt = (sa.select(t.c.id, t.c.subqueue, t.c.last_processed).where(t.c.id.in_(ids[start:start + STATEMENT_KEYS]))
+                    .with_for_update().with_hint(t, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
+            found.update((int(r.id), r) for r in conn.execute(stmt))
+        gone, back = [], {}
+        for o in owed:
+            row = found.get(int(o.key))
+            if row is None:
+                gone.append(o.key)
+            elif row.subqueue == "X" and json_safe(row.last_processed) == o.payload["raw"]["last_processed"]:
+                back.setdefault(o.payload["subqueue"], []).append(int(o.key))
+        for letter, keys in back.items():
+            for start in range(0, len(keys), STATEMENT_KEYS):
+                conn.execute(sa.update(t).where(t.c.id.in_(keys[start:start + STATEMENT_KEYS]), t.c.subqueue == "X")
+                             .values(subqueue=letter))
+        return gone
+
+    def given_back_raw(self, owed: Any) -> dict[str, Any]:
+        return {**owed.payload["raw"], "subqueue": owed.payload["subqueue"]}
+
     def from_raw(self, raw: dict[str, Any], ledger_key: str) -> SourceRow:
         row = super().from_raw(raw, ledger_key)
         return SourceRow(key=int(ledger_key), consumable=row.values.get("subqueue") in CONSUMABLE, values=row.values)

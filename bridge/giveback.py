@@ -1,0 +1,101 @@
+"""Legacy rows that a move-mode rollback gives back (issue 28).
+
+Move mode consumed the legacy row of every message it delivered, so withdrawing such a message
+from the NServiceBus tables must give its row back to the legacy receiver, or it is lost. The
+two sides are two databases, so this takes two commits, tied together by `qbridge_givebacks`:
+
+1. The withdrawal's target transaction (bridge.rollback) deletes the target rows, clears the
+   ledger and records, per message, what its legacy row needs (`owe`).
+2. `finish`, under the queue's checkpoint lock, gives the rows back in one legacy transaction,
+   commits it, then deletes what was owed in the target transaction and commits that.
+
+Killed between the two commits of 2, the owed rows are given back again by the next `finish`:
+a source's `give_back` only touches a row still exactly as move mode left it (for NGinn: 'X' and
+the `last_processed` its consume stamped), so a row given back and consumed again since by the
+legacy receiver is never given back twice. A row that is gone by then (NGinn's cleanup deletes
+old processed rows) cannot come back: its message goes into qbridge's quarantine with the row
+as it was before move mode consumed it, and `quarantine replay` delivers it. Every pass, and
+rollback itself, calls `finish` before it reads the queue, so a pass never reads a row that is
+still owed (it would take it as processed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from bridge import faults
+from bridge.state import LedgerEntry, Quarantined, State, naive_utc
+from bridge.timefmt import utcnow
+
+GONE = ("its legacy row was removed while a move-mode rollback gave it back (the legacy system's cleanup of "
+        "processed rows?): kept here as the row was before move mode consumed it; `quarantine replay` delivers it")
+
+
+@dataclass
+class Owed:
+    """One legacy row to give back: its key, its message id, and what the source needs."""
+
+    key: str
+    message_id: str
+    payload: dict[str, Any]
+
+
+def owe(tconn: sa.Connection, state: State, job: str, queue: str, owed: list[Owed]) -> None:
+    """Records `owed` in the caller's (the withdrawal's) target transaction."""
+    if owed:
+        now = naive_utc(utcnow())
+        tconn.execute(sa.insert(state.givebacks), [
+            {"job": job, "queue": queue, "source_key": o.key, "message_id": o.message_id,
+             "payload": orjson.dumps(o.payload).decode(), "at": now} for o in owed])
+
+
+def anything_owed(tconn: sa.Connection, state: State, job: str, queue: str) -> bool:
+    g = state.givebacks
+    return tconn.execute(sa.select(g.c.source_key).where(g.c.job == job, g.c.queue == queue).limit(1)).first() is not None
+
+
+def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
+    """Gives back what a rollback of `queue` still owes; returns (given back, quarantined).
+    `runner`: the JobRunner (its engines, state, sources)."""
+    state, job = runner.state, runner.job.name
+    if not runner.givebacks_kept():
+        return 0, 0
+    with runner.target_engine.connect() as tconn:
+        if not anything_owed(tconn, state, job, queue):
+            return 0, 0
+    given = quarantined = 0
+    source, g = runner.sources[queue], state.givebacks
+    while True:
+        # The source transaction begins first, as a pass's does (SQLite takes a file's write lock at BEGIN).
+        with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
+            stx = sconn.begin()
+            try:
+                with tconn.begin():
+                    state.lock_checkpoint(tconn, job, queue)  # one writer of the queue's books at a time
+                    rows = tconn.execute(sa.select(g.c.source_key, g.c.message_id, g.c.payload)
+                                         .where(g.c.job == job, g.c.queue == queue)
+                                         .order_by(g.c.source_key).limit(chunk)).all()
+                    if not rows:
+                        stx.rollback()
+                        return given, quarantined
+                    owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p in rows]
+                    gone = set(source.give_back(sconn, owed))
+                    faults.reached("giveback_before_legacy_commit")
+                    stx.commit()
+                    faults.reached("giveback_after_legacy_commit")
+                    lost = [o for o in owed if o.key in gone]
+                    if lost:
+                        state.record(tconn, job, queue, runner.origins[queue],
+                                     [LedgerEntry(o.message_id, o.key, "quarantined", None, GONE) for o in lost],
+                                     [Quarantined(o.message_id, o.key, GONE, source.given_back_raw(o)) for o in lost],
+                                     ranged=source.cursor == "monotonic")
+                    keys = [o.key for o in owed]
+                    tconn.execute(sa.delete(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys)))
+                    given += len(owed) - len(lost)
+                    quarantined += len(lost)
+            finally:
+                if stx.is_active:
+                    stx.rollback()

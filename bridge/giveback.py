@@ -58,7 +58,7 @@ def anything_owed(tconn: sa.Connection, state: State, job: str, queue: str) -> b
 
 
 def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
-    """Gives back what a rollback of `queue` still owes; returns (given back, quarantined).
+    """Gives back what a rollback of `queue` still owes; returns (rows given back, quarantined).
     `runner`: the JobRunner (its engines, state, sources)."""
     state, job = runner.state, runner.job.name
     if not runner.givebacks_kept():
@@ -82,7 +82,8 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
                         stx.rollback()
                         return given, quarantined
                     owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p in rows]
-                    gone = set(source.give_back(sconn, owed))
+                    gone_keys, back = source.give_back(sconn, owed)
+                    gone = set(gone_keys)
                     faults.reached("giveback_before_legacy_commit")
                     stx.commit()
                     faults.reached("giveback_after_legacy_commit")
@@ -94,7 +95,7 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
                                      ranged=source.cursor == "monotonic")
                     keys = [o.key for o in owed]
                     tconn.execute(sa.delete(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys)))
-                    given += len(owed) - len(lost)
+                    given += back
                     quarantined += len(lost)
             finally:
                 if stx.is_active:

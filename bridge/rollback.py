@@ -103,11 +103,12 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
     for name in [queue] if queue else list(runner.sources):
         w = Withdrawal(runner.job.name, name)
         out.append(w)
-        runner._prepare(name)
-        if move and not dry_run:
+        runner._prepare(name, give_back=False)  # a dry run writes nothing; a rollback counts what it gives back
+        if not dry_run:
             # Rows a pass delivered and did not consume yet, and rows an earlier rollback still
             # owes, settled first: every delivered row is then consumed, and every owed one back.
-            runner._consume_pending(name)
+            if move:
+                runner._consume_pending(name)
             _count_given(w, giveback.finish(runner, name))
         with runner.target_engine.connect() as tconn:
             delivered = {key: mid for key, mid, _ in runner.delivered(tconn, name)}

@@ -11,6 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from bridge import giveback
 from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for
 from bridge.errors import RetryableError, TargetSchemaError
@@ -153,11 +154,17 @@ class JobSetup:
                 self._givebacks_kept = sa.inspect(tconn).has_table(g.name, schema=g.schema)
         return self._givebacks_kept
 
-    def _prepare(self, queue: str) -> None:
+    def _prepare(self, queue: str, give_back: bool = True) -> None:
+        """`give_back`: False for a caller that gives back what is owed itself, and counts it."""
         self.check_ledger()
         if queue not in self._ready:
             self.state.ensure_checkpoint(self.target_engine, self.job.name, queue)
             self._ready.add(queue)
+        # Rows a killed move-mode rollback still owes the legacy side are given back before
+        # anything reads the queue (every pass, a migration's planning): read while owed, a row
+        # would be taken as processed.
+        if give_back:
+            giveback.finish(self, queue)
 
     def _log(self, s: PassStats) -> None:
         if self.on_batch is not None and s.read:

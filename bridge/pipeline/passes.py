@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bridge import faults, giveback
+from bridge import faults
 from bridge.pipeline.batch import Batch
 from bridge.pipeline.gaps import Gap, expire, fill, holes
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
@@ -29,7 +29,6 @@ class Passes(Batch):
 
     def run_pass(self, queue: str) -> PassStats:
         self._prepare(queue)
-        giveback.finish(self, queue)  # a rollback killed before it gave rows back: they are owed before any read
         move = self.job.mode == "move"
         if move:
             self._consume_pending(queue)

@@ -125,10 +125,10 @@ class Source:
         went to the error queue."""
         raise NotImplementedError
 
-    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> list[str]:
+    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
         """Gives the owed rows (bridge.giveback.Owed) back, in the caller's legacy transaction,
         touching only rows still as move mode left them (so a second call after a crash changes
-        nothing); returns the keys whose row is gone."""
+        nothing); returns the keys whose row is gone, and how many rows it gave back."""
         raise NotImplementedError
 
     def given_back_raw(self, owed: Any) -> dict[str, Any]:

@@ -199,7 +199,7 @@ class NGinnSource(Source):
         letter = "F" if to_error else ("R" if v["retry_time"] is not None and v["retry_time"] > now_local else "I")
         return {"subqueue": letter, "raw": self.raw(row)}
 
-    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> list[str]:
+    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
         from bridge.jsonsafe import json_safe
 
         t = self.table
@@ -217,11 +217,12 @@ class NGinnSource(Source):
                 gone.append(o.key)
             elif row.subqueue == "X" and json_safe(row.last_processed) == o.payload["raw"]["last_processed"]:
                 back.setdefault(o.payload["subqueue"], []).append(int(o.key))
+        done = 0
         for letter, keys in back.items():
             for start in range(0, len(keys), STATEMENT_KEYS):
-                conn.execute(sa.update(t).where(t.c.id.in_(keys[start:start + STATEMENT_KEYS]), t.c.subqueue == "X")
-                             .values(subqueue=letter))
-        return gone
+                done += conn.execute(sa.update(t).where(t.c.id.in_(keys[start:start + STATEMENT_KEYS]), t.c.subqueue == "X")
+                                     .values(subqueue=letter)).rowcount
+        return gone, done
 
     def given_back_raw(self, owed: Any) -> dict[str, Any]:
         return {**owed.payload["raw"], "subqueue": owed.payload["subqueue"]}

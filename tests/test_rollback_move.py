@@ -179,3 +179,21 @@ def test_print_sql_shows_the_give_back(tmp_path: Path, capsys) -> None:
     assert main(["rollback", "-c", str(tmp_path / "c.toml"), "--job", "j", "--print-sql"]) == 0
     sql = capsys.readouterr().out
     assert "INSERT INTO dbo.qbridge_givebacks" in sql and "subqueue = 'X'" in sql
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_migration_after_a_killed_rollback_gives_back_before_it_plans(make, tmp_path: Path) -> None:
+    """The withdrawal committed, the rows not yet given back: `migrate` plans its Spark units
+    from the lowered checkpoint, so it must give them back first (read while owed, they would
+    be taken as processed)."""
+    b = make(batch_size=50, mode="move")
+    b.insert(b.ready(1500))
+    assert b.cli("sync", "--once") == 0
+    before = b.message_ids(*TABLES)
+    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    assert sum(b.message_ids(*TABLES).values()) == 500
+    assert b.cli("migrate", "--master", "local[2]") == 0
+    assert b.message_ids(*TABLES) == before
+    assert set(b.subqueues().values()) == {"X"}
+    assert b.cli("verify") == 0

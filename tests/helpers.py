@@ -241,3 +241,12 @@ def flaky_passes(monkeypatch: Any, every: int = 3, *modules: Any) -> dict[str, i
     for module in modules:
         monkeypatch.setattr(module, "with_backoff", lambda *a, **k: with_backoff(*a, **{**k, "sleep": lambda s: None}))
     return calls
+
+
+def endpoint_takes(b: Bridge, n: int, table: str = "Orders") -> list[str]:
+    """An endpoint receives (deletes) the first n rows of `table`; returns their message ids."""
+    t = sa.table(table, sa.column("seq"), sa.column("headers"), schema=b.target_schema)
+    with b.target.begin() as conn:
+        rows = conn.execute(sa.select(t.c.seq, t.c.headers).order_by(t.c.seq).limit(n)).all()
+        conn.execute(sa.delete(t).where(t.c.seq.in_([r[0] for r in rows])))
+    return [orjson.loads(h)["NServiceBus.MessageId"] for _, h in rows]

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from bridge.samples import nginn_row
-from helpers import Bridge, kill_at
+from helpers import Bridge, endpoint_takes, kill_at
 
 
 @pytest.fixture()
@@ -29,22 +29,13 @@ def _all_ids(b: Bridge) -> Counter:
     return b.message_ids("Orders", "Orders.Delayed", "error")
 
 
-def _consume(b: Bridge, n: int) -> list[str]:
-    """An endpoint takes the first n rows of Orders."""
-    t = sa.table("Orders", sa.column("seq"), sa.column("headers"), schema=b.target_schema)
-    with b.target.begin() as conn:
-        rows = conn.execute(sa.select(t.c.seq, t.c.headers).order_by(t.c.seq).limit(n)).all()
-        conn.execute(sa.delete(t).where(t.c.seq.in_([r[0] for r in rows])))
-    return [json.loads(h)["NServiceBus.MessageId"] for _, h in rows]
-
-
 def test_withdrawn_messages_are_delivered_again_once_and_consumed_ones_stay(bridge: Bridge, capsys) -> None:
     b = bridge
     _mixed(b, 60)
     assert b.cli("sync", "--once") == 0
     before = _all_ids(b)
     delivered = sum(before.values())
-    consumed = _consume(b, 7)
+    consumed = endpoint_takes(b, 7)
     capsys.readouterr()
     assert b.cli("rollback", "--job", "job1", "--dry-run", "--json") == 0
     [plan] = json.loads(capsys.readouterr().out)["queues"]

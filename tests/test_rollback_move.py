@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from bridge.samples import nginn_row
-from helpers import Bridge, kill_at
+from helpers import Bridge, endpoint_takes, kill_at
 
 TABLES = ("Orders", "Orders.Delayed", "error")
 
@@ -32,14 +32,6 @@ def _mixed(b: Bridge, n: int) -> dict[int, str]:
     return dict(zip(ids, (r["subqueue"] for r in rows)))
 
 
-def _consume(b: Bridge, n: int) -> list[str]:
-    t = sa.table("Orders", sa.column("seq"), sa.column("headers"), schema=b.target_schema)
-    with b.target.begin() as conn:
-        rows = conn.execute(sa.select(t.c.seq, t.c.headers).order_by(t.c.seq).limit(n)).all()
-        conn.execute(sa.delete(t).where(t.c.seq.in_([r[0] for r in rows])))
-    return [json.loads(h)["NServiceBus.MessageId"] for _, h in rows]
-
-
 @pytest.fixture()
 def bridge(on_each_db):
     return on_each_db(batch_size=10, mode="move")
@@ -51,7 +43,7 @@ def test_rows_come_back_in_the_subqueue_they_had_and_are_delivered_again_once(br
     assert b.cli("sync", "--once") == 0
     before = b.message_ids(*TABLES)
     assert set(b.subqueues().values()) == {"X"}  # move mode consumed every row it delivered
-    taken_ids = _consume(b, 4)
+    taken_ids = endpoint_takes(b, 4)
     capsys.readouterr()
     assert b.cli("rollback", "--job", "job1", "--dry-run", "--json") == 0
     [plan] = json.loads(capsys.readouterr().out)["queues"]

@@ -32,6 +32,11 @@ from bridge.timefmt import utcnow
 
 GONE = ("its legacy row was removed while a move-mode rollback gave it back (the legacy system's cleanup of "
         "processed rows?): kept here as the row was before move mode consumed it; `quarantine replay` delivers it")
+# After an attempt whose legacy commit may have gone through, a row that is gone may have been
+# given back, processed by the legacy receiver and then cleaned up: only the legacy side knows.
+GONE_UNSURE = ("its legacy row was removed after a move-mode rollback that was cut off may already have given it back "
+               "(then NGinn processed it before its cleanup removed it), or before (the message was never processed): "
+               "check NGinn's log for it before `quarantine replay`; if NGinn processed it, `quarantine discard`")
 
 
 @dataclass
@@ -69,19 +74,21 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
     given = quarantined = 0
     source, g = runner.sources[queue], state.givebacks
     while True:
+        _attempting(runner, queue, chunk)
         # The source transaction begins first, as a pass's does (SQLite takes a file's write lock at BEGIN).
         with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
             stx = sconn.begin()
             try:
                 with tconn.begin():
                     state.lock_checkpoint(tconn, job, queue)  # one writer of the queue's books at a time
-                    rows = tconn.execute(sa.select(g.c.source_key, g.c.message_id, g.c.payload)
+                    rows = tconn.execute(sa.select(g.c.source_key, g.c.message_id, g.c.payload, g.c.attempts)
                                          .where(g.c.job == job, g.c.queue == queue)
                                          .order_by(g.c.source_key).limit(chunk)).all()
                     if not rows:
                         stx.rollback()
                         return given, quarantined
-                    owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p in rows]
+                    owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p, _ in rows]
+                    tried = {k for k, _, _, n in rows if n > 1}  # an attempt before this one
                     gone_keys, back = source.give_back(sconn, owed)
                     gone = set(gone_keys)
                     faults.reached("giveback_before_legacy_commit")
@@ -90,8 +97,8 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
                     lost = [o for o in owed if o.key in gone]
                     if lost:
                         state.record(tconn, job, queue, runner.origins[queue],
-                                     [LedgerEntry(o.message_id, o.key, "quarantined", None, GONE) for o in lost],
-                                     [Quarantined(o.message_id, o.key, GONE, source.given_back_raw(o)) for o in lost],
+                                     [LedgerEntry(o.message_id, o.key, "quarantined", None, _why(o, tried)) for o in lost],
+                                     [Quarantined(o.message_id, o.key, _why(o, tried), source.given_back_raw(o)) for o in lost],
                                      ranged=source.cursor == "monotonic")
                     keys = [o.key for o in owed]
                     tconn.execute(sa.delete(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys)))
@@ -100,3 +107,20 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
             finally:
                 if stx.is_active:
                     stx.rollback()
+
+
+def _why(owed: Owed, tried: set[str]) -> str:
+    return GONE_UNSURE if owed.key in tried else GONE
+
+
+def _attempting(runner: Any, queue: str, chunk: int) -> None:
+    """Counts an attempt at the legacy commit of the next `chunk` owed rows, committed before
+    it is made: a row gone on a later attempt may have been given back by this one."""
+    g, job = runner.state.givebacks, runner.job.name
+    with runner.target_engine.begin() as conn:
+        runner.state.lock_checkpoint(conn, job, queue)
+        keys = conn.execute(sa.select(g.c.source_key).where(g.c.job == job, g.c.queue == queue)
+                            .order_by(g.c.source_key).limit(chunk)).scalars().all()
+        if keys:
+            conn.execute(sa.update(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys))
+                         .values(attempts=g.c.attempts + 1))

@@ -34,8 +34,12 @@ from bridge import faults, giveback
 from bridge.config import Config
 from bridge.errors import TargetSchemaError, UsageError
 from bridge.model import queue_origin
+from bridge.db import read_only_engine
 from bridge.pipeline.loop import JobRunner, database_identity
+from bridge.sources import SourceRow
 from bridge.sources.nginn import STATEMENT_KEYS
+from bridge.state import pending_key
+from bridge.targets.base import Skipped
 
 BATCH = 1000  # rows withdrawn per transaction
 LISTED = 50  # consumed message ids listed (all are counted)
@@ -55,6 +59,7 @@ class Withdrawal:
     kept: int = 0  # in the target, but its legacy row was consumed since: it stays delivered
     given_back: int = 0  # move mode: legacy rows given back to the legacy receiver
     quarantined: int = 0  # move mode: legacy rows gone before they could be given back (bridge.giveback)
+    unsure: int = 0  # move mode: kept, as no one subqueue it came from maps to where its message is
 
     def consumed_one(self, message_id: str) -> None:
         self.consumed += 1
@@ -64,7 +69,7 @@ class Withdrawal:
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "queue": self.queue, "withdrawn": self.withdrawn, "by_table": dict(self.by_table),
                 "consumed": self.consumed, "consumed_ids": self.consumed_ids, "kept": self.kept,
-                "given_back": self.given_back, "quarantined": self.quarantined}
+                "given_back": self.given_back, "quarantined": self.quarantined, "unsure": self.unsure}
 
 
 def check(runner: JobRunner) -> None:
@@ -117,16 +122,20 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
             if key not in found:
                 w.consumed_one(mid)
         rows = [(key, *found[key]) for key in sorted(found, key=_order)]
-        for start in range(0, len(rows), BATCH):
-            batch = _redeliverable(runner, name, rows[start:start + BATCH], w)
-            if dry_run:
-                w.withdrawn += len(batch)
-                w.by_table.update(table for _, table, _, _, _ in batch)
-                w.given_back += sum(1 for *_, owed in batch if owed is not None)
-                continue
-            _withdraw(runner, name, batch, w)
-            if move:
-                _count_given(w, giveback.finish(runner, name))
+        reader = read_only_engine(runner.source_url)  # read under the checkpoint lock: no SQLite write lock
+        try:
+            for start in range(0, len(rows), BATCH):
+                if dry_run:
+                    batch = _redeliverable(runner, reader, name, rows[start:start + BATCH], w)
+                    w.withdrawn += len(batch)
+                    w.by_table.update(table for _, table, _, _, _ in batch)
+                    w.given_back += sum(1 for *_, owed in batch if owed is not None)
+                    continue
+                _withdraw(runner, reader, name, rows[start:start + BATCH], w)
+                if move:
+                    _count_given(w, giveback.finish(runner, name))
+        finally:
+            reader.dispose()
     return out
 
 
@@ -141,28 +150,45 @@ PENDING = ("I", "R", "F")  # NGinn rows a pass delivers again as they were; a pr
 Item = tuple[str, str, Any, str, giveback.Owed | None]  # key, table, row id, message id, what its legacy row is owed
 
 
-def _redeliverable(runner: JobRunner, queue: str, batch: list[tuple[str, str, Any, str]], w: Withdrawal) -> list[Item]:
+def _redeliverable(runner: JobRunner, reader: sa.Engine, queue: str, batch: list[tuple[str, str, Any, str]],
+                   w: Withdrawal) -> list[Item]:
     """The batch's messages whose legacy row is still there to be delivered again, with what
     it is owed in move mode (the job consumed it: it is given back). In copy mode the legacy
     system's own receiver, or the job when it ran in move mode before, may have consumed it:
     such messages stay delivered, counted as kept, as do those whose row is gone."""
     source = runner.sources[queue]
-    with runner.source_engine.connect() as sconn:
+    with reader.connect() as sconn:
         if source.cursor == "monotonic":
             rows = {str(r.key): r for r in source.fetch_ranges(sconn, [(int(k), int(k)) for k, *_ in batch], False)}
         else:
             rows = {str(r.key): r for r in source.fetch_keys(sconn, [k for k, *_ in batch], False)}
-    audit, error = runner.job.target.audit_queue, runner.job.target.error_queue
+    audit = runner.job.target.audit_queue
     move = runner.job.mode == "move"
+    translated = getattr(source, "translated_headers", frozenset())
+
+    def lands_in(candidate: SourceRow) -> str | None:
+        """The table this job's mapping sends `candidate` to (None: skipped or quarantined)."""
+        _, result, _ = runner.map_row(source, candidate, translated)
+        return None if result is None or isinstance(result, Skipped) else runner.target.ledger_target(result).lower()
+
     out: list[Item] = []
     for key, table, row_id, mid in batch:
         row = rows.get(key)
-        # A processed row comes back only where it went as processed: to audit, by the mapping.
-        if row is not None and (source.cursor != "monotonic" or row.values.get("subqueue") in PENDING or table == audit):
+        if row is not None and (source.cursor != "monotonic" or row.values.get("subqueue") in PENDING):
             out.append((key, table, row_id, mid, None))
+        elif row is not None and not move and table == audit:
+            out.append((key, table, row_id, mid, None))  # a processed row, sent to audit by the mapping
         elif row is not None and move:
-            payload = source.give_back_payload(row, to_error=table == error)
-            out.append((key, table, row_id, mid, None if payload is None else giveback.Owed(key, mid, payload)))
+            # Processed by the legacy receiver (delivered as such), or consumed by move mode from
+            # the subqueue whose mapping sends it where the message is: the source tells.
+            verdict, payload = source.give_back_payload(row, table.lower(), lands_in)
+            if verdict == "theirs":
+                out.append((key, table, row_id, mid, None))
+            elif verdict == "owed":
+                out.append((key, table, row_id, mid, giveback.Owed(key, mid, payload)))
+            else:
+                w.kept += 1  # which subqueue it came from cannot be told: it stays delivered
+                w.unsure += 1
         else:
             w.kept += 1  # its legacy row was consumed: withdrawn, it could not come back
     return out
@@ -226,11 +252,19 @@ def row_key(table: sa.Table) -> sa.Column:
     raise AssertionError(f"no row key in {table.name}")
 
 
-def _withdraw(runner: JobRunner, queue: str, batch: list[Item], w: Withdrawal) -> None:
+def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tuple[str, str, Any, str]],
+              w: Withdrawal) -> None:
     source, origin, state = runner.sources[queue], runner.origins[queue], runner.state
     ranged = source.cursor == "monotonic"
     with runner.target_engine.begin() as tconn:
         cp = state.lock_checkpoint(tconn, runner.job.name, queue)  # one writer of the queue's books at a time
+        # Under the lock, the legacy rows are as the last pass left them: a key still pending is
+        # being consumed by a pass (its legacy commit comes after its target commit), so it stays
+        # delivered; any other row is read now, after its consume (if any) committed.
+        pending = {pending_key(k) for k in cp.pending}
+        settled = [r for r in listed if pending_key(int(r[0]) if ranged else r[0]) not in pending]
+        w.kept += len(listed) - len(settled)
+        batch = _redeliverable(runner, reader, queue, settled, w)
         keys = _lock_and_delete(runner, tconn, batch, w)
         l = state.ledger
         for start in range(0, len(keys), STATEMENT_KEYS):

@@ -112,6 +112,7 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         sa.Column("source_key", sa.String(LEDGER_KEY_MAX), primary_key=True),
         sa.Column("message_id", sa.String(36), nullable=False),
         sa.Column("payload", sa.Text(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False, server_default="0"),  # legacy commits tried
         sa.Column("at", sa.DateTime(), nullable=False),
         schema=schema,
     )

@@ -189,3 +189,24 @@ def test_a_migration_after_a_killed_rollback_gives_back_before_it_plans(make, tm
     assert b.message_ids(*TABLES) == before
     assert set(b.subqueues().values()) == {"X"}
     assert b.cli("verify") == 0
+
+
+@pytest.mark.postgres
+def test_a_row_gone_after_an_attempt_that_may_have_given_it_back_is_quarantined_with_a_warning(make, tmp_path: Path,
+                                                                                              capsys) -> None:
+    """Killed after the legacy commit: the row was given back, then NGinn may have processed it
+    and cleaned it up. Gone now, its message is quarantined with a reason that says to check
+    NGinn before replaying, not the plain advice to replay it."""
+    b = make(batch_size=50, mode="move")
+    ids = b.insert(b.ready(60))
+    assert b.cli("sync", "--once") == 0
+    kill_at(b, "giveback_after_legacy_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    t = b.tables["MQueue1"]
+    with b.source.begin() as conn:
+        conn.execute(sa.delete(t).where(t.c.id == ids[0]))
+    assert b.cli("rollback", "--job", "job1") == 0
+    capsys.readouterr()
+    assert b.cli("quarantine", "list", "--json") == 0
+    [q] = json.loads(capsys.readouterr().out)["jobs"][0]["quarantined"]
+    assert q["source_key"] == str(ids[0]) and "check NGinn's log" in q["reason"]
+    assert set(b.subqueues().values()) == {"I"} and not b.message_ids(*TABLES)

@@ -12,8 +12,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, giveback
 from bridge.pipeline.batch import Batch
+from bridge.pipeline.job import LedgerConflict
 from bridge.pipeline.gaps import Gap, expire, fill, holes
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
 from bridge.sources import Source, SourceRow
@@ -48,6 +49,11 @@ class Passes(Batch):
         now = time.time()
         with self.target_engine.connect() as tconn, tconn.begin():
             cp = self.state.lock_checkpoint(tconn, job.name, source.queue)
+            if self.givebacks_kept() and giveback.anything_owed(tconn, self.state, job.name, source.queue):
+                # A rollback withdrew rows after this pass gave back what was owed: read now, they
+                # would be taken as processed. Redone, the pass gives them back first.
+                raise LedgerConflict(f"a rollback of {source.queue!r} owes legacy rows back; the pass is redone after "
+                                     "they are given back")
             given_up: list[Gap] = []
             if source.cursor == "scan":
                 rows, stats.more, consume, known = self._scan(sconn, tconn, source, lock)

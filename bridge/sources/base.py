@@ -119,10 +119,11 @@ class Source:
     # (give_back_payload, give_back, given_back_raw); rollback refuses a move-mode job without.
     gives_back: ClassVar[bool] = False
 
-    def give_back_payload(self, row: SourceRow, to_error: bool) -> dict[str, Any] | None:
-        """What giving `row` back needs (JSON-safe), read as move mode left it; None when move
-        mode did not consume it (still pending: nothing to give back). `to_error`: its message
-        went to the error queue."""
+    def give_back_payload(self, row: SourceRow, table: str, lands_in: Any) -> tuple[str, dict[str, Any] | None]:
+        """Whether move mode consumed `row` (read as it is now, consumed) and what giving it back
+        needs: ("owed", JSON-safe payload); ("theirs", None) when the legacy receiver had
+        processed it before the job read it; ("unsure", None) when it cannot be told. `table`:
+        where its message is (lower-case); `lands_in(row)`: where this job's mapping sends a row."""
         raise NotImplementedError
 
     def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:

@@ -188,16 +188,27 @@ class NGinnSource(Source):
     # -- giving consumed rows back (move-mode rollback, bridge.giveback) ---------------------
     gives_back: ClassVar[bool] = True
 
-    def give_back_payload(self, row: SourceRow, to_error: bool) -> dict[str, Any] | None:
-        """The subqueue the row had: F if its message went to error; else R while its
-        retry_time is ahead (NGinn's cleanup thread moves it to I when due), I after. Its
-        `last_processed` as move mode's consume stamped it tells the row, untouched since."""
+    def give_back_payload(self, row: SourceRow, table: str, lands_in: Any) -> tuple[str, dict[str, Any] | None]:
+        """The subqueue the row had is the one (of X, I, R, F) the mapping sends where its
+        message is. Where two fit, R or I by its retry_time (NGinn's cleanup thread moves an R
+        row to I when due), F or I/R by whether it has error_info; where X (processed by NGinn
+        itself) fits with another, or none fits, it cannot be told. Its `last_processed` as
+        move mode's consume stamped it tells the row, untouched since, when it is given back."""
         v = row.values
         if v["subqueue"] != "X":
-            return None
-        now_local = utcnow().astimezone(self.tz).replace(tzinfo=None)
-        letter = "F" if to_error else ("R" if v["retry_time"] is not None and v["retry_time"] > now_local else "I")
-        return {"subqueue": letter, "raw": self.raw(row)}
+            return "theirs", None  # not consumed: nothing to give back (the caller withdraws it)
+        fits = [letter for letter in ("X", "I", "R", "F")
+                if lands_in(row if letter == "X" else row._replace(values={**v, "subqueue": letter})) == table]
+        if not fits or ("X" in fits and len(fits) > 1):
+            return "unsure", None
+        if fits == ["X"]:
+            return "theirs", None
+        if "F" in fits and len(fits) > 1:
+            fits = ["F"] if v.get("error_info") else [f for f in fits if f != "F"]
+        if len(fits) > 1:  # I and R
+            now_local = utcnow().astimezone(self.tz).replace(tzinfo=None)
+            fits = ["R" if v["retry_time"] is not None and v["retry_time"] > now_local else "I"]
+        return "owed", {"subqueue": fits[0], "raw": self.raw(row)}
 
     def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
         from bridge.jsonsafe import json_safe

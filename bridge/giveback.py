@@ -73,8 +73,7 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
             return 0, 0
     given = quarantined = 0
     source, g = runner.sources[queue], state.givebacks
-    while True:
-        _attempting(runner, queue, chunk)
+    while _attempting(runner, queue, chunk):
         # The source transaction begins first, as a pass's does (SQLite takes a file's write lock at BEGIN).
         with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
             stx = sconn.begin()
@@ -84,7 +83,7 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
                     rows = tconn.execute(sa.select(g.c.source_key, g.c.message_id, g.c.payload, g.c.attempts)
                                          .where(g.c.job == job, g.c.queue == queue)
                                          .order_by(g.c.source_key).limit(chunk)).all()
-                    if not rows:
+                    if not rows:  # another process gave them back meanwhile
                         stx.rollback()
                         return given, quarantined
                     owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p, _ in rows]
@@ -107,15 +106,17 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
             finally:
                 if stx.is_active:
                     stx.rollback()
+    return given, quarantined
 
 
 def _why(owed: Owed, tried: set[str]) -> str:
     return GONE_UNSURE if owed.key in tried else GONE
 
 
-def _attempting(runner: Any, queue: str, chunk: int) -> None:
+def _attempting(runner: Any, queue: str, chunk: int) -> bool:
     """Counts an attempt at the legacy commit of the next `chunk` owed rows, committed before
-    it is made: a row gone on a later attempt may have been given back by this one."""
+    it is made: a row gone on a later attempt may have been given back by this one. False when
+    nothing is owed any more."""
     g, job = runner.state.givebacks, runner.job.name
     with runner.target_engine.begin() as conn:
         runner.state.lock_checkpoint(conn, job, queue)
@@ -124,3 +125,4 @@ def _attempting(runner: Any, queue: str, chunk: int) -> None:
         if keys:
             conn.execute(sa.update(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys))
                          .values(attempts=g.c.attempts + 1))
+    return bool(keys)

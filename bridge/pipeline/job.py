@@ -75,6 +75,9 @@ class JobSetup:
         self._ready: set[str] = set()
         self._ledger_checked = False
         self._givebacks_kept: bool | None = None  # whether qbridge_givebacks exists (giveback.finish)
+        # Queues whose owed rows are given back at their next _prepare: every queue once a
+        # process, and again after a pass found rows owed under its checkpoint lock (Passes._pass).
+        self.owed_queues: set[str] = set(job.source.queues)
         # The checkpoint version the last pass saved, when its pending list held its own keys
         # alone (settle_pending's fast path); None when other passes' keys were there too.
         self._settle_version: int | None = None
@@ -161,10 +164,11 @@ class JobSetup:
             self.state.ensure_checkpoint(self.target_engine, self.job.name, queue)
             self._ready.add(queue)
         # Rows a killed move-mode rollback still owes the legacy side are given back before
-        # anything reads the queue (every pass, a migration's planning): read while owed, a row
-        # would be taken as processed.
-        if give_back:
+        # anything reads the queue (a process's first pass, a migration's planning): read while
+        # owed, a row would be taken as processed. Later rollbacks are caught under the pass's lock.
+        if give_back and queue in self.owed_queues:
             giveback.finish(self, queue)
+            self.owed_queues.discard(queue)
 
     def _log(self, s: PassStats) -> None:
         if self.on_batch is not None and s.read:

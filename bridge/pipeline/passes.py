@@ -52,6 +52,7 @@ class Passes(Batch):
             if self.givebacks_kept() and giveback.anything_owed(tconn, self.state, job.name, source.queue):
                 # A rollback withdrew rows after this pass gave back what was owed: read now, they
                 # would be taken as processed. Redone, the pass gives them back first.
+                self.owed_queues.add(source.queue)
                 raise LedgerConflict(f"a rollback of {source.queue!r} owes legacy rows back; the pass is redone after "
                                      "they are given back")
             given_up: list[Gap] = []

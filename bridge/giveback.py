@@ -16,22 +16,28 @@ legacy receiver is never given back twice. A row that is gone by then (NGinn's c
 old processed rows) cannot come back: its message goes into qbridge's quarantine with the row
 as it was before move mode consumed it, and `quarantine replay` delivers it. Every pass, and
 rollback itself, calls `finish` before it reads the queue, so a pass never reads a row that is
-still owed (it would take it as processed)."""
+still owed (it would take it as processed).
+
+Where the legacy receiver deletes what it consumes (OpenJMS, BizTalk), a given-back row taken
+again leaves nothing to look at: there the give-back also writes a mark in the legacy database
+(bridge.giveback_marks), and an attempt after a kill gives back only what has none.
+A row whose destination is gone by then is quarantined as above."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, giveback_marks
 from bridge.state import LedgerEntry, Quarantined, State, naive_utc
 from bridge.timefmt import utcnow
 
-GONE = ("its legacy row was removed while a move-mode rollback gave it back (the legacy system's cleanup of "
-        "processed rows?): kept here as the row was before move mode consumed it; `quarantine replay` delivers it")
+GONE = ("its legacy row was removed while a move-mode rollback gave it back (NGinn's cleanup of processed rows; "
+        "an OpenJMS destination or durable subscriber deleted; a BizTalk message purged?): kept here as the row was before move mode consumed it; `quarantine replay` delivers it")
 # After an attempt whose legacy commit may have gone through, a row that is gone may have been
 # given back, processed by the legacy receiver and then cleaned up: only the legacy side knows.
 GONE_UNSURE = ("its legacy row was removed after a move-mode rollback that was cut off may already have given it back "
@@ -49,12 +55,13 @@ class Owed:
 
 
 def owe(tconn: sa.Connection, state: State, job: str, queue: str, owed: list[Owed]) -> None:
-    """Records `owed` in the caller's (the withdrawal's) target transaction."""
+    """Records `owed` in the caller's (the withdrawal's) target transaction, each with a token of
+    its own that a give-back's mark carries (bridge.giveback_marks)."""
     if owed:
         now = naive_utc(utcnow())
         tconn.execute(sa.insert(state.givebacks), [
             {"job": job, "queue": queue, "source_key": o.key, "message_id": o.message_id,
-             "payload": orjson.dumps(o.payload).decode(), "at": now} for o in owed])
+             "payload": orjson.dumps({**o.payload, "token": uuid.uuid4().hex}).decode(), "at": now} for o in owed])
 
 
 def anything_owed(tconn: sa.Connection, state: State, job: str, queue: str) -> bool:
@@ -73,6 +80,7 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
             return 0, 0
     given = quarantined = 0
     source, g = runner.sources[queue], state.givebacks
+    marks = giveback_marks.marks_table(runner.job.source.schema_) if source.marks_give_backs else None
     while _attempting(runner, queue, chunk):
         # The source transaction begins first, as a pass's does (SQLite takes a file's write lock at BEGIN).
         with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
@@ -87,9 +95,16 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
                         stx.rollback()
                         return given, quarantined
                     owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p, _ in rows]
-                    tried = {k for k, _, _, n in rows if n > 1}  # an attempt before this one
-                    gone_keys, back = source.give_back(sconn, owed)
+                    # An attempt before this one, which may have given back a row gone since (where no mark tells).
+                    tried = {k for k, _, _, n in rows if n > 1} if marks is None else set()
+                    todo = owed
+                    if marks is not None:  # given back by an attempt whose legacy commit went through
+                        done = giveback_marks.marked(sconn, marks, job, queue, [o.payload["token"] for o in owed])
+                        todo = [o for o in owed if o.payload["token"] not in done]
+                    gone_keys, back = source.give_back(sconn, todo)
                     gone = set(gone_keys)
+                    if marks is not None:
+                        giveback_marks.mark(sconn, marks, job, queue, [o.payload["token"] for o in todo if o.key not in gone])
                     faults.reached("giveback_before_legacy_commit")
                     stx.commit()
                     faults.reached("giveback_after_legacy_commit")
@@ -106,7 +121,26 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
             finally:
                 if stx.is_active:
                     stx.rollback()
+    if marks is not None:
+        _forget_marks(runner, queue, marks)
     return given, quarantined
+
+
+def _forget_marks(runner: Any, queue: str, marks: sa.Table) -> None:
+    """Deletes the queue's marks once nothing of it is owed, under its checkpoint lock (a
+    withdrawal owing more takes that lock first)."""
+    state, job = runner.state, runner.job.name
+    with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
+        stx = sconn.begin()
+        try:
+            with tconn.begin():
+                state.lock_checkpoint(tconn, job, queue)
+                if not anything_owed(tconn, state, job, queue):
+                    giveback_marks.forget(sconn, marks, job, queue)
+                    stx.commit()
+        finally:
+            if stx.is_active:
+                stx.rollback()
 
 
 def _why(owed: Owed, tried: set[str]) -> str:

@@ -2,7 +2,9 @@
 
 A forward job needs the NServiceBus tables and qbridge's state tables in its target. A reverse
 job needs the proxy queues it reads on the NServiceBus side, and its legacy tables and qbridge's
-state tables on the legacy side (the ledger lives beside the rows it guards).
+state tables on the legacy side (the ledger lives beside the rows it guards). A forward move-mode
+job of a system whose receiver deletes what it consumes (OpenJMS, BizTalk) also gets
+`qbridge_giveback_marks` in its legacy database, which its rollback writes (bridge.giveback_marks).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import sqlalchemy as sa
 from bridge.config import Config, JobConfig
 from bridge.db import dialect_for, engine_for
 from bridge.errors import TargetSchemaError
+from bridge.giveback_marks import marks_table
 from bridge.ledger_upgrade import NEW, TOTALS_NEW, QueueOrigin, add_totals, conversion, convert, totals_sql
 from bridge.pipeline.loop import database_identity
 from bridge.ranges_upgrade import add_ranges
+from bridge.sources import source_class
 from bridge.state import ledger_table, state_tables
 from bridge.totals import totals_table
 from bridge.targets import target_class
@@ -86,6 +90,10 @@ def plan(config: Config, jobs: list[JobConfig]) -> list[TargetPlan]:
                 q.add(transport.queue(queue))
                 q.add(transport.delayed(queue))
             q.add(transport.subscriptions())
+        elif job.mode == "move" and source_class(job.source.system).marks_give_backs:
+            schema = job.source.schema_
+            at(job.source.connection, schema, f"{job.source.system} legacy database, schema {schema or '(default)'}: "
+                                              "move-mode rollback marks").add(marks_table(schema))
     for job in config.jobs:
         url = config.connections[job.target.connection]
         schema = target_class(job.target.system)(job, url, config.mapping(job)).state_schema

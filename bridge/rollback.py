@@ -17,8 +17,9 @@ withdrawn whole or not at all, and rollback run again withdraws what is left.
 
 Move mode consumed the legacy rows: the same transaction records what each needs to be given
 back, and bridge.giveback gives them back in a second, legacy, commit (see there for why a kill
-between the two loses and doubles nothing). Built for NGinn, whose consumed row stays in its
-table; OpenJMS and BizTalk delete theirs, and move-mode jobs of theirs are refused.
+between the two loses and doubles nothing). NGinn's consumed row stays in its table and gets its
+subqueue back; OpenJMS and BizTalk delete theirs, which are rebuilt from the delivered row and
+re-inserted, with a mark in the legacy database (bridge.giveback_marks).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from bridge import faults, giveback
+from bridge import faults, giveback, giveback_marks
 from bridge.config import Config
 from bridge.errors import TargetSchemaError, UsageError
 from bridge.model import queue_origin
@@ -38,8 +39,10 @@ from bridge.db import read_only_engine
 from bridge.pipeline.loop import JobRunner, database_identity
 from bridge.sources import SourceRow
 from bridge.sources.nginn import STATEMENT_KEYS
+from bridge.sources.nservicebus import bare_queue
 from bridge.state import pending_key
 from bridge.targets.base import Skipped
+from bridge.timefmt import UTC, from_wire
 
 BATCH = 1000  # rows withdrawn per transaction
 LISTED = 50  # consumed message ids listed (all are counted)
@@ -78,9 +81,13 @@ def check(runner: JobRunner) -> None:
         raise UsageError(f"job {job.name!r} is a reverse job: its messages went into a legacy store, whose receivers "
                          "take them as they come; rollback withdraws what a forward job wrote into NServiceBus tables")
     if job.mode == "move" and not all(s.gives_back for s in runner.sources.values()):
-        raise UsageError(f"job {job.name!r} is in move mode on {job.source.system}, whose consumed legacy rows are deleted "
-                         "(their content is only in the NServiceBus tables now): giving them back is built for NGinn "
-                         "move-mode jobs and copy-mode jobs of every system; nothing done")
+        raise UsageError(f"job {job.name!r} is in move mode on {job.source.system}, whose consumed legacy rows "
+                         "qbridge cannot give back; nothing done")
+    if (job.mode == "move" and any(s.marks_give_backs for s in runner.sources.values())
+            and not giveback_marks.kept(runner.source_engine, job.source.schema_)):
+        raise TargetSchemaError(f"the legacy database {job.source.connection!r} has no {giveback_marks.MARKS} table, "
+                                f"which a move-mode rollback of {job.source.system} writes with every give-back: run "
+                                "`qbridge init -c CONFIG` (or `--print-sql` for a DBA); nothing done")
 
 
 def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
@@ -126,7 +133,8 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
         try:
             for start in range(0, len(rows), BATCH):
                 if dry_run:
-                    batch = _redeliverable(runner, reader, name, rows[start:start + BATCH], w)
+                    with runner.target_engine.connect() as tconn:
+                        batch = _redeliverable(runner, reader, name, rows[start:start + BATCH], w, tconn)
                     w.withdrawn += len(batch)
                     w.by_table.update(table for _, table, _, _, _ in batch)
                     w.given_back += sum(1 for *_, owed in batch if owed is not None)
@@ -151,20 +159,27 @@ Item = tuple[str, str, Any, str, giveback.Owed | None]  # key, table, row id, me
 
 
 def _redeliverable(runner: JobRunner, reader: sa.Engine, queue: str, batch: list[tuple[str, str, Any, str]],
-                   w: Withdrawal) -> list[Item]:
+                   w: Withdrawal, tconn: sa.Connection) -> list[Item]:
     """The batch's messages whose legacy row is still there to be delivered again, with what
     it is owed in move mode (the job consumed it: it is given back). In copy mode the legacy
     system's own receiver, or the job when it ran in move mode before, may have consumed it:
     such messages stay delivered, counted as kept, as do those whose row is gone."""
-    source = runner.sources[queue]
     with reader.connect() as sconn:
-        if source.cursor == "monotonic":
-            rows = {str(r.key): r for r in source.fetch_ranges(sconn, [(int(k), int(k)) for k, *_ in batch], False)}
-        else:
-            rows = {str(r.key): r for r in source.fetch_keys(sconn, [k for k, *_ in batch], False)}
+        return _redeliverable_read(runner, sconn, queue, batch, w, tconn)
+
+
+def _redeliverable_read(runner: JobRunner, sconn: sa.Connection, queue: str, batch: list[tuple[str, str, Any, str]],
+                        w: Withdrawal, tconn: sa.Connection) -> list[Item]:
+    source = runner.sources[queue]
+    if source.cursor == "monotonic":
+        rows = {str(r.key): r for r in source.fetch_ranges(sconn, [(int(k), int(k)) for k, *_ in batch], False)}
+    else:
+        rows = {str(r.key): r for r in source.fetch_keys(sconn, [k for k, *_ in batch], False)}
     audit = runner.job.target.audit_queue
     move = runner.job.mode == "move"
     translated = getattr(source, "translated_headers", frozenset())
+    rebuilt = move and source.marks_give_backs  # consumed rows are gone: rebuilt from what was delivered
+    content = delivered_rows(runner, tconn, [(t, r) for k, t, r, _ in batch if k not in rows]) if rebuilt else {}
 
     def lands_in(candidate: SourceRow) -> str | None:
         """The table this job's mapping sends `candidate` to (None: skipped or quarantined)."""
@@ -189,9 +204,52 @@ def _redeliverable(runner: JobRunner, reader: sa.Engine, queue: str, batch: list
             else:
                 w.kept += 1  # which subqueue it came from cannot be told: it stays delivered
                 w.unsure += 1
+        elif row is None and rebuilt and (table, row_id) in content:
+            verdict, payload = source.give_back_delivered(sconn, key, table.lower(), content[table, row_id])
+            if verdict == "owed":
+                out.append((key, table, row_id, mid, giveback.Owed(key, mid, payload)))
+            else:
+                w.kept += 1  # the delivered row lacks what rebuilding the legacy one needs: it stays delivered
+                w.unsure += 1
         else:
             w.kept += 1  # its legacy row was consumed: withdrawn, it could not come back
     return out
+
+
+def delivered_rows(runner: JobRunner, tconn: sa.Connection, where: list[tuple[str, Any]]) -> dict[tuple[str, Any], dict[str, Any]]:
+    """(table, row id) -> the target row as `Source.give_back_delivered` takes it."""
+    tables = {str(t.name): t for t in runner.target.tables()}
+    by_table: dict[str, list[Any]] = {}
+    for name, row_id in where:
+        by_table.setdefault(name, []).append(row_id)
+    replies = {runner.tables.address(routed): legacy for legacy, routed in runner.mapping.routes.items()}
+    out: dict[tuple[str, Any], dict[str, Any]] = {}
+    for name, ids in by_table.items():
+        table = tables[name]
+        col = runner.tables.column
+        cols = [row_key(table), col(table, "Headers"), col(table, "Body")]
+        expires = [c for c in table.c if c.name.lower() == "expires"]
+        for start in range(0, len(ids), STATEMENT_KEYS):
+            stmt = sa.select(*cols, *expires).where(cols[0].in_(ids[start:start + STATEMENT_KEYS]))
+            for r in tconn.execute(stmt):
+                headers = orjson.loads(r[1])
+                reply = headers.get("NServiceBus.ReplyToAddress")
+                out[name, r[0]] = {"headers": headers, "body": bytes(r[2] or b""), "sent": _sent(headers),
+                                   "expires": _aware(r[3]) if expires else None,
+                                   "reply_to": replies.get(reply, bare_queue(reply)) if reply else None}
+    return out
+
+
+def _sent(headers: dict[str, str]) -> Any:
+    try:
+        return from_wire(headers["NServiceBus.TimeSent"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _aware(value: Any) -> Any:
+    """Transport expiry times are UTC, naive in `Expires`."""
+    return None if value is None else (value.replace(tzinfo=UTC) if value.tzinfo is None else value)
 
 
 def _sharing(runner: JobRunner, queue: str, config: Config | None) -> list[str]:
@@ -264,7 +322,7 @@ def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tup
         pending = {pending_key(k) for k in cp.pending}
         settled = [r for r in listed if pending_key(int(r[0]) if ranged else r[0]) not in pending]
         w.kept += len(listed) - len(settled)
-        batch = _redeliverable(runner, reader, queue, settled, w)
+        batch = _redeliverable(runner, reader, queue, settled, w, tconn)
         keys = _lock_and_delete(runner, tconn, batch, w)
         l = state.ledger
         for start in range(0, len(keys), STATEMENT_KEYS):

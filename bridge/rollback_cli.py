@@ -54,6 +54,15 @@ def _print(results: list[Withdrawal], dry_run: bool) -> None:
                       highlight=False)
 
 
+GIVEN_BACK = {
+    "nginn": "UPDATE <queue> SET subqueue = the one it had WHERE id IN (...) AND subqueue = 'X' and last_processed as "
+             "move mode left it",
+    "openjms": "INSERT INTO messages (where no handle still holds the message) and message_handles, the blob rebuilt "
+               "from the delivered row with its JMSMessageID, and INSERT INTO qbridge_giveback_marks (one row per "
+               "message; a rerun gives back only what has no mark; deleted once nothing is owed)",
+}
+
+
 def statements(runner) -> list[str]:
     """For a DBA: the statements one batch runs in one transaction, with their parameters named."""
     dialect = runner.target_engine.dialect
@@ -78,9 +87,8 @@ def statements(runner) -> list[str]:
     show(sa.insert(s.totals.table))
     if job.mode == "move":
         show(sa.insert(s.givebacks))
-        lines.append("-- then, per batch, in the legacy database and under the checkpoint lock: the rows given back "
-                     "(NGinn: UPDATE <queue> SET subqueue = the one it had WHERE id IN (...) AND subqueue = 'X' and "
-                     "last_processed as move mode left it), committed before the qbridge_givebacks rows are deleted")
+        lines.append("-- then, per batch, in the legacy database and under the checkpoint lock: the rows given back, "
+                     "committed before the qbridge_givebacks rows are deleted: " + GIVEN_BACK.get(job.source.system, ""))
     lines.append("-- the rows to withdraw are those whose QBridge.Source header names this job's queue and whose "
                  "NServiceBus.MessageId is its deterministic id, unprocessed (no NServiceBus.ProcessingEndpoint)")
     return lines

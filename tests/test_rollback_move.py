@@ -146,20 +146,6 @@ def test_a_row_gone_before_it_was_given_back_is_quarantined_and_replayed_once(ma
     assert b.cli("verify") == 0
 
 
-@pytest.mark.postgres
-def test_move_mode_of_a_system_that_deletes_consumed_rows_is_refused(request, tmp_path: Path, pg_server: str,
-                                                                     pg_schema: str, capsys) -> None:
-    from test_openjms_source import make_jms
-
-    for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, queues=["orders"], mode="move"):
-        j.queue_message("ID:m-1")
-        assert j.cli("sync", "--once") == 0
-        capsys.readouterr()
-        assert j.cli("rollback", "--job", "job1") == 2
-        assert "move mode on openjms" in capsys.readouterr().err
-        assert j.count("Orders") == 1
-
-
 def test_print_sql_shows_the_give_back(tmp_path: Path, capsys) -> None:
     (tmp_path / "m.toml").write_text('[routes]\n"MQueue1" = "Orders"\n')
     (tmp_path / "c.toml").write_text('[connections]\nlegacy = "mssql+pyodbc://u:p@legacy-dsn"\nnsb = "mssql+pyodbc://u:p@nsb-dsn"\n'

@@ -132,6 +132,20 @@ class Source:
         nothing); returns the keys whose row is gone, and how many rows it gave back."""
         raise NotImplementedError
 
+    # Set where the legacy receiver deletes what it consumes (OpenJMS, BizTalk): a give-back
+    # re-inserts the row from the message the job delivered (give_back_delivered), and a mark in
+    # the legacy database tells a later attempt that an earlier one committed (bridge.giveback_marks).
+    marks_give_backs: ClassVar[bool] = False
+
+    def give_back_delivered(self, conn: sa.Connection, key: str, table: str, delivered: dict[str, Any]
+                            ) -> tuple[str, dict[str, Any] | None]:
+        """For a `marks_give_backs` source, whose consumed row is gone: ("owed", JSON-safe payload)
+        to re-insert it as its legacy receiver expects it, or ("unsure", None) when the delivered
+        row, or what is left of the message in the legacy database (`conn`), does not hold what
+        that needs. `delivered`: the target row, as "headers" (dict), "body" (bytes), "sent" and
+        "expires" (aware datetimes or None) and "reply_to" (legacy queue or None)."""
+        raise NotImplementedError
+
     def given_back_raw(self, owed: Any) -> dict[str, Any]:
         """The raw row, as before move mode consumed it, of an owed row that is gone (quarantined)."""
         raise NotImplementedError
@@ -171,6 +185,18 @@ class Source:
 
         return SourceRow(key=ledger_key, consumable=True,
                          values={k: restore(v, k in self.time_columns) for k, v in raw.items()})
+
+
+def delivered_headers(headers: dict[str, str], mapping: Any, prefix: str = "") -> dict[str, str]:
+    """The headers of a delivered row that a source wrote under `prefix`, by the names it gave
+    them (a mapping's rename undone), without the prefix: what a move-mode give-back rebuilds from."""
+    renamed = {new: old for old, new in mapping.headers.rename.items()} if mapping is not None else {}
+    out = {}
+    for name, value in headers.items():
+        name = renamed.get(name, name)
+        if name.startswith(prefix):
+            out[name[len(prefix):]] = value
+    return out
 
 
 def tuple_after(columns: Sequence[sa.ColumnElement], values: Sequence[Any], dialect: str = "mssql") -> sa.ColumnElement[bool]:

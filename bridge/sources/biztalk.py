@@ -19,6 +19,7 @@ from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_co
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, Part
+from bridge.sources import biztalk_giveback
 from bridge.sources.base import tuple_after, ScanSource, SourceRow, Subscription
 from bridge.sources.biztalk_schema import OTHER_PREDICATES, tables
 from bridge.timefmt import local_to_utc, utcnow, zone
@@ -68,8 +69,10 @@ class BizTalkSource(ScanSource):
         self.tz = zone(job.source.timezone or "UTC")
         self.namespaces: dict[str, str] = {}
         self.message_type_property: uuid.UUID | None = None
+        self.mapping: Any = None
 
     def configure(self, mapping: Any) -> None:
+        self.mapping = mapping
         self.namespaces = dict(mapping.biztalk.namespaces)
         prop = mapping.biztalk.message_type_property_id
         self.message_type_property = uuid.UUID(prop) if prop else None
@@ -125,7 +128,7 @@ class BizTalkSource(ScanSource):
             if not messages:
                 continue
             q = self.work if prefix == "Q" else self.suspended
-            cols = [q.c.uidMessageID, q.c.uidInstanceID, q.c.nvcAdditionalInfo, s.c.uidMessageID.label("spool_id"),
+            cols = [q.c.uidMessageID, q.c.uidInstanceID, q.c.uidServiceID, q.c.nvcAdditionalInfo, s.c.uidMessageID.label("spool_id"),
                     s.c.dtTimeStamp, s.c.dtExpiration, s.c.nNumParts, s.c.uidBodyPartID, s.c.nvcBodyPartName,
                     s.c.nvcMessageType, s.c.imgContext]
             stmt = sa.select(*cols).select_from(q).outerjoin(s, s.c.uidMessageID == q.c.uidMessageID)
@@ -186,6 +189,20 @@ class BizTalkSource(ScanSource):
                     *(sa.and_(q.c.uidMessageID == m, q.c.uidInstanceID == i) for m, i in chunk)))).rowcount
         return done
 
+    # -- giving consumed entries back (move-mode rollback: bridge.giveback, biztalk_giveback) --
+    gives_back: ClassVar[bool] = True
+    marks_give_backs: ClassVar[bool] = True
+
+    def give_back_delivered(self, conn: sa.Connection, key: str, table: str, delivered: dict[str, Any]
+                            ) -> tuple[str, dict[str, Any] | None]:
+        return biztalk_giveback.rebuild(self, conn, key, delivered)
+
+    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
+        return biztalk_giveback.give_back(self, conn, owed)
+
+    def given_back_raw(self, owed: Any) -> dict[str, Any]:
+        return owed.payload["raw"]
+
     # -- decoding --------------------------------------------------------------------------
     def decode(self, row: SourceRow) -> CanonicalMessage:
         v = row.values
@@ -204,6 +221,10 @@ class BizTalkSource(ScanSource):
         headers["BizTalk.MessageID"] = str(v["uidMessageID"])
         headers["BizTalk.InstanceID"] = str(v["uidInstanceID"])
         headers["BizTalk.BodyPartName"] = body_name
+        # What a move-mode rollback needs to put the entry back (bridge.sources.biztalk_giveback).
+        headers["BizTalk.ServiceID"] = str(v["uidServiceID"]) if v.get("uidServiceID") else ""
+        if v["nvcAdditionalInfo"]:
+            headers["BizTalk.AdditionalInfo"] = v["nvcAdditionalInfo"]
         sent = local_to_utc(v["dtTimeStamp"], self.tz) if v["dtTimeStamp"] else utcnow()
         expires = local_to_utc(v["dtExpiration"], self.tz) if v["dtExpiration"] else None
         state = "ready"
@@ -274,8 +295,6 @@ class BizTalkSource(ScanSource):
             headers["BizTalk.Adapter"] = v["nvcAdapter"]
         if v["nvcURI"]:
             headers["BizTalk.URI"] = v["nvcURI"]
-        if v["nvcAdditionalInfo"]:
-            headers["BizTalk.AdditionalInfo"] = v["nvcAdditionalInfo"]
         when = v["dtSuspendTimeStamp"]
         return Failure(
             exception_type=headers.get("ErrorReport.FailureCode") and f"BizTalk.Suspended.{headers['ErrorReport.FailureCode']}" or "BizTalk.SuspendedInstance",

@@ -22,6 +22,7 @@ from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
+from bridge.sources import openjms_giveback
 from bridge.sources.base import ScanSource, SourceRow, Subscription
 from bridge.sources.openjms_schema import SCHEMA_VERSION, is_queue, tables
 from bridge.targets.echo import ECHO_HEADER
@@ -80,9 +81,11 @@ class OpenJMSSource(ScanSource):
         super().__init__(job, engine, queue, database)
         self.t = tables(job.source.schema_)
         self.prefix = "JMS."
+        self.mapping: Any = None
 
     def configure(self, mapping: Any) -> None:
         self.prefix = mapping.jms.header_prefix
+        self.mapping = mapping
 
     # -- schema ----------------------------------------------------------------------------
     def check_schema(self, conn: sa.Connection) -> None:
@@ -202,6 +205,20 @@ class OpenJMSSource(ScanSource):
             if free:
                 conn.execute(sa.delete(m).where(m.c.messageid.in_(free)))
         return done
+
+    # -- giving consumed handles back (move-mode rollback: bridge.giveback, openjms_giveback) --
+    gives_back: ClassVar[bool] = True
+    marks_give_backs: ClassVar[bool] = True
+
+    def give_back_delivered(self, conn: sa.Connection, key: str, table: str, delivered: dict[str, Any]
+                            ) -> tuple[str, dict[str, Any] | None]:
+        return openjms_giveback.rebuild(self, key, delivered)
+
+    def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
+        return openjms_giveback.give_back(self, conn, owed)
+
+    def given_back_raw(self, owed: Any) -> dict[str, Any]:
+        return openjms_giveback.given_back_raw(self, owed)
 
     # -- decoding --------------------------------------------------------------------------
     def decode(self, row: SourceRow) -> CanonicalMessage:

@@ -155,7 +155,7 @@ class OpenJMSTarget(Target):
         for header, text in headers.items():
             if header.startswith(carried):
                 name = header[len(carried):]
-                props[name] = _typed(kinds.get(name, "java.lang.String"), text)
+                props[name] = typed_value(kinds.get(name, "java.lang.String"), text)
             elif not header.startswith(self.prefix):  # other JMS.* headers describe the original message
                 props[header] = {"type": "java.lang.String", "value": text}
         props[ECHO_HEADER] = {"type": "java.lang.String",
@@ -179,7 +179,7 @@ class OpenJMSTarget(Target):
         return []  # the store is OpenJMS's own (dbtool); init adds qbridge's state tables beside it
 
 
-def _typed(kind: str, text: str) -> dict[str, Any]:
+def typed_value(kind: str, text: str) -> dict[str, Any]:
     """A property's text (as the OpenJMS source wrote it) as its Java type again."""
     try:
         if kind in ("java.lang.Integer", "java.lang.Long", "java.lang.Short", "java.lang.Byte"):

@@ -83,11 +83,6 @@ def check(runner: JobRunner) -> None:
     if job.mode == "move" and not all(s.gives_back for s in runner.sources.values()):
         raise UsageError(f"job {job.name!r} is in move mode on {job.source.system}, whose consumed legacy rows "
                          "qbridge cannot give back; nothing done")
-    if (job.mode == "move" and any(s.marks_give_backs for s in runner.sources.values())
-            and not giveback_marks.kept(runner.source_engine, job.source.schema_)):
-        raise TargetSchemaError(f"the legacy database {job.source.connection!r} has no {giveback_marks.MARKS} table, "
-                                f"which a move-mode rollback of {job.source.system} writes with every give-back: run "
-                                "`qbridge init -c CONFIG` (or `--print-sql` for a DBA); nothing done")
 
 
 def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
@@ -111,6 +106,12 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
     if move and not runner.givebacks_kept():
         raise TargetSchemaError(f"the target {runner.job.target.connection!r} has no qbridge_givebacks table, which a "
                                 "move-mode rollback writes (made by an earlier qbridge): run `qbridge init -c CONFIG`")
+    src = runner.job.source
+    if (move and any(s.marks_give_backs for s in runner.sources.values())
+            and not giveback_marks.kept(runner.source_engine, src.schema_)):
+        raise TargetSchemaError(f"the legacy database {src.connection!r} has no {giveback_marks.MARKS} table, which a "
+                                f"move-mode rollback of {src.system} writes with every give-back: run `qbridge init -c "
+                                "CONFIG` (or `--print-sql` for a DBA); nothing done")
     out = []
     for name in [queue] if queue else list(runner.sources):
         w = Withdrawal(runner.job.name, name)

@@ -60,6 +60,8 @@ GIVEN_BACK = {
     "openjms": "INSERT INTO messages (where no handle still holds the message) and message_handles, the blob rebuilt "
                "from the delivered row with its JMSMessageID, and INSERT INTO qbridge_giveback_marks (one row per "
                "message; a rerun gives back only what has no mark; deleted once nothing is owed)",
+    "biztalk": "INSERT INTO <host>Q (or <host>Q_Suspended) the entry with its uidServiceID and nvcAdditionalInfo, where "
+               "the Spool row is still there, and INSERT INTO qbridge_giveback_marks (as for OpenJMS)",
 }
 
 

@@ -184,3 +184,20 @@ def test_without_the_marks_table_rollback_names_init(jms: Jms, capsys) -> None:
     assert jms.cli("init") == 0
     assert jms.cli("rollback", "--job", "job1") == 0
     assert jms.count("Orders") == 0 and _handles(jms) == {("ID:m-1", QUEUE_ID * 100)}
+
+
+@pytest.mark.parametrize("system", ["openjms", "biztalk"])
+def test_init_and_rollback_print_the_marks_table_for_a_dba(tmp_path: Path, capsys, system: str) -> None:
+    (tmp_path / "m.toml").write_text('[routes]\n"orders" = "Orders"\n')
+    (tmp_path / "c.toml").write_text(
+        '[connections]\nlegacy = "mssql+pyodbc://u:p@legacy-dsn"\nnsb = "mssql+pyodbc://u:p@nsb-dsn"\n'
+        f'[[jobs]]\nname = "j"\nmode = "move"\nsource = {{ system = "{system}", connection = "legacy", '
+        'queues = ["orders"], schema = "jms" }\ntarget = { connection = "nsb", flavor = "sqlserver" }\nmapping = "m.toml"\n')
+    from bridge.cli import main
+
+    assert main(["init", "-c", str(tmp_path / "c.toml"), "--print-sql"]) == 0
+    sql = capsys.readouterr().out
+    assert "-- connection 'legacy'" in sql and f"CREATE TABLE jms.{MARKS}" in sql
+    assert main(["rollback", "-c", str(tmp_path / "c.toml"), "--job", "j", "--print-sql"]) == 0
+    sql = capsys.readouterr().out
+    assert "INSERT INTO dbo.qbridge_givebacks" in sql and MARKS in sql

@@ -121,14 +121,17 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
             finally:
                 if stx.is_active:
                     stx.rollback()
-    if marks is not None:
-        _forget_marks(runner, queue, marks)
+    forget_marks(runner, queue)
     return given, quarantined
 
 
-def _forget_marks(runner: Any, queue: str, marks: sa.Table) -> None:
+def forget_marks(runner: Any, queue: str) -> None:
     """Deletes the queue's marks once nothing of it is owed, under its checkpoint lock (a
-    withdrawal owing more takes that lock first)."""
+    withdrawal owing more takes that lock first). Run after every give-back, and by every
+    rollback before it starts, which deletes what a kill just before this left."""
+    if not runner.sources[queue].marks_give_backs:
+        return
+    marks = giveback_marks.marks_table(runner.job.source.schema_)
     state, job = runner.state, runner.job.name
     with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
         stx = sconn.begin()

@@ -6,9 +6,9 @@ carrying the token its owed row got in the withdrawal (`bridge.giveback.owe`): a
 after a kill gives back only what has no mark. A token is new with every withdrawal, so a mark
 left over from an earlier rollback of the same message never matches.
 
-Bounded: `bridge.giveback.finish` deletes a queue's marks once nothing of it is owed any more;
-a kill between that and the give-back leaves at most one batch of marks, deleted by the next
-rollback of that queue."""
+Bounded: `bridge.giveback.finish` deletes a queue's marks once nothing of it is owed, and every
+rollback does before it starts; a kill just before that leaves the marks of the give-backs that
+`finish` call made (normally one batch, 1,000) until the queue's next rollback."""
 
 from __future__ import annotations
 

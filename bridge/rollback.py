@@ -123,6 +123,8 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
             if move:
                 runner._consume_pending(name)
             _count_given(w, giveback.finish(runner, name))
+            if move:
+                giveback.forget_marks(runner, name)
         with runner.target_engine.connect() as tconn:
             delivered = {key: mid for key, mid, _ in runner.delivered(tconn, name)}
         found = _in_target(runner, name, delivered)

@@ -223,7 +223,7 @@ class BizTalkSource(ScanSource):
         headers["BizTalk.BodyPartName"] = body_name
         # What a move-mode rollback needs to put the entry back (bridge.sources.biztalk_giveback).
         headers["BizTalk.ServiceID"] = str(v["uidServiceID"]) if v.get("uidServiceID") else ""
-        if v["nvcAdditionalInfo"]:
+        if v["nvcAdditionalInfo"] is not None:
             headers["BizTalk.AdditionalInfo"] = v["nvcAdditionalInfo"]
         sent = local_to_utc(v["dtTimeStamp"], self.tz) if v["dtTimeStamp"] else utcnow()
         expires = local_to_utc(v["dtExpiration"], self.tz) if v["dtExpiration"] else None

@@ -72,7 +72,9 @@ def give_back(source: Any, conn: sa.Connection, owed: Sequence[Any]) -> tuple[li
     queued: set[tuple[str, uuid.UUID, uuid.UUID]] = set()
     for start in range(0, len(messages), STATEMENT_KEYS):
         chunk = messages[start:start + STATEMENT_KEYS]
-        spooled.update(conn.execute(sa.select(s.c.uidMessageID).where(s.c.uidMessageID.in_(chunk))).scalars())
+        # Locked: a purge of the message waits for the entry given back, or is seen to have been.
+        spooled.update(conn.execute(sa.select(s.c.uidMessageID).where(s.c.uidMessageID.in_(chunk)).with_for_update()
+                                    .with_hint(s, "WITH (UPDLOCK, ROWLOCK)", "mssql")).scalars())
         for prefix, q in (("Q", source.work), ("S", source.suspended)):
             queued.update((prefix, m, n) for m, n in conn.execute(
                 sa.select(q.c.uidMessageID, q.c.uidInstanceID).where(q.c.uidMessageID.in_(chunk))))

@@ -199,8 +199,14 @@ class OpenJMSSource(ScanSource):
         mids = sorted({mid for _, mid in pairs})
         for start in range(0, len(mids), 500):
             chunk = mids[start:start + 500]
-            held = set(conn.execute(sa.select(h.c.messageid).distinct().where(
-                h.c.destinationid == dest[0], h.c.consumerid.in_(sorted(consumers)), h.c.messageid.in_(chunk))).scalars())
+            # The messages locked first, then their handles read with a locking read (the latest
+            # committed, under MariaDB's repeatable read too): a rollback giving another handle
+            # of one back (sources.openjms_giveback) locks it the same way, so its handle is seen.
+            conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(chunk)).with_for_update()
+                         .with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
+            held = set(conn.execute(sa.select(h.c.messageid).where(
+                h.c.destinationid == dest[0], h.c.consumerid.in_(sorted(consumers)), h.c.messageid.in_(chunk))
+                .with_for_update(read=True)).scalars())
             free = [mid for mid in chunk if mid not in held]
             if free:
                 conn.execute(sa.delete(m).where(m.c.messageid.in_(free)))
@@ -287,6 +293,13 @@ class OpenJMSSource(ScanSource):
             headers[f"{self.prefix}Subscription"] = consumer
         if reply and reply["temporary"]:
             headers[f"{self.prefix}ReplyTo"] = reply["name"]  # a temporary queue no endpoint can answer
+        # What only the blob knew, for a move-mode rollback to put back (bridge.sources.openjms_giveback).
+        if reply:
+            headers[f"{self.prefix}ReplyToDestination"] = f"{reply['kind']}:{reply['name']}"
+        if not h["JMSTimestamp"]:
+            headers[f"{self.prefix}Timestamp"] = "" if h["JMSTimestamp"] is None else "0"
+        if expiration > 0:
+            headers[f"{self.prefix}Expiration"] = str(expiration)
         props = jms.properties
         for name, prop in props.items():
             headers[f"{self.prefix}Property.{name}"] = property_text(prop)
@@ -303,6 +316,8 @@ class OpenJMSSource(ScanSource):
         b = jms.body
         kind = jms.message_type
         if "text" in b:
+            if b["text"] is None:
+                headers[f"{self.prefix}BodyNull"] = "true"  # getText() == null, not ""
             return (b["text"] or "").encode("utf-8", "surrogatepass"), CONTENT_TYPES[kind]
         if "map" in b:
             headers[f"{self.prefix}BodyTypes"] = orjson.dumps({k: v["type"] for k, v in b["map"].items()}).decode()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -23,10 +24,12 @@ from bridge.codecs.openjms_blob import PKG, JmsMessage
 from bridge.codecs.openjms_encode import encode
 from bridge.sources.base import SourceRow, delivered_headers
 from bridge.targets.openjms import typed_value
+from bridge.timefmt import UTC
 
 BODY_KINDS = ("Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage")
 DELIVERY_MODES = {"NON_PERSISTENT": 1, "PERSISTENT": 2}
 STATEMENT_KEYS = 500
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def rebuild(source: Any, key: str, delivered: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
@@ -39,19 +42,18 @@ def rebuild(source: Any, key: str, delivered: dict[str, Any]) -> tuple[str, dict
     if kind not in BODY_KINDS:
         return "unsure", None
     try:
-        body = _body(kind, delivered["body"], jms.get("BodyTypes"))
+        body = _body(kind, delivered["body"], jms.get("BodyTypes"), jms.get("BodyNull") == "true")
         kinds = orjson.loads(jms.get("PropertyTypes") or "{}")
         priority = int(jms.get("Priority") or 4)
     except (ValueError, TypeError, KeyError, orjson.JSONDecodeError, UnicodeDecodeError):
         return "unsure", None
     topic = "Subscription" in jms  # the source names the durable subscriber of a topic's handle
-    sent = _epoch_ms(delivered["sent"]) if delivered.get("sent") else 0
-    expires = _epoch_ms(delivered["expires"]) if delivered.get("expires") else 0
-    reply = None
-    if jms.get("ReplyTo"):  # a temporary queue, carried as a header only
-        reply = {"name": jms["ReplyTo"], "kind": "queue", "temporary": True, "persistent": False}
-    elif delivered.get("reply_to"):
-        reply = {"name": delivered["reply_to"], "kind": "queue", "temporary": False, "persistent": True}
+    try:
+        timestamp = _exact(jms, "Timestamp", delivered.get("sent"))
+        expires = _exact(jms, "Expiration", delivered.get("expires")) or 0
+    except ValueError:
+        return "unsure", None
+    reply = _reply(jms, delivered.get("reply_to"))
     correlation = h.get("NServiceBus.CorrelationId")
     headers = {
         "JMSMessageID": jms.get("MessageID") or mid,
@@ -62,13 +64,14 @@ def rebuild(source: Any, key: str, delivered: dict[str, Any]) -> tuple[str, dict
         "JMSType": jms.get("Type"),
         "JMSDeliveryMode": DELIVERY_MODES.get(jms.get("DeliveryMode", ""), 2),
         "JMSPriority": priority,
-        "JMSTimestamp": sent,
+        "JMSTimestamp": timestamp,
         "JMSExpiration": expires,
         "JMSRedelivered": False,  # OpenJMS sets it from the handle's `delivered` when it delivers
     }
     carried = "Property."
-    properties = {name[len(carried):]: typed_value(kinds.get(name[len(carried):], "java.lang.String"), text)
+    properties = {name[len(carried):]: _property(kinds, name[len(carried):], text)
                   for name, text in jms.items() if name.startswith(carried)}
+    sent = timestamp or _ms(delivered.get("sent"))
     message = JmsMessage(PKG + kind + "Impl", kind, headers, properties, body,
                          {"readOnly": True, "processed": False, "acceptedTime": sent, "sequenceNumber": 0,
                           "wildcard": None, "consumerId": 0, "consumerIdString": None})
@@ -77,13 +80,40 @@ def rebuild(source: Any, key: str, delivered: dict[str, Any]) -> tuple[str, dict
                     "delivered": 1 if jms.get("Redelivered") == "true" else 0, "jms": message.to_json()}
 
 
-def _epoch_ms(value: Any) -> int:
-    return int(value.timestamp() * 1000)
+def _ms(value: Any) -> int:
+    """Milliseconds since 1970 of an aware time, exactly (no float on the way)."""
+    return 0 if value is None else (value - EPOCH) // timedelta(milliseconds=1)
 
 
-def _body(kind: str, data: bytes, types: str | None) -> dict[str, Any]:
+def _exact(jms: dict[str, str], name: str, fallback: Any) -> int | None:
+    """A JMS time the source carried as its own header (where the NServiceBus row has none, or
+    not exactly), else the NServiceBus time it became (deliveries by an earlier qbridge)."""
+    if name in jms:
+        return int(jms[name]) if jms[name] != "" else None
+    return _ms(fallback)
+
+
+def _reply(jms: dict[str, str], routed_back: str | None) -> dict[str, Any] | None:
+    if "ReplyToDestination" in jms:
+        kind, _, name = jms["ReplyToDestination"].partition(":")
+        temporary = "ReplyTo" in jms
+        return {"name": name, "kind": kind, "temporary": temporary, "persistent": not temporary}
+    if jms.get("ReplyTo"):  # delivered by an earlier qbridge: a temporary queue, by name
+        return {"name": jms["ReplyTo"], "kind": "queue", "temporary": True, "persistent": False}
+    if routed_back:
+        return {"name": routed_back, "kind": "queue", "temporary": False, "persistent": True}
+    return None
+
+
+def _property(kinds: dict[str, Any], name: str, text: str) -> dict[str, Any]:
+    if name in kinds and kinds[name] is None:
+        return {"type": None, "value": None}  # set to null
+    return typed_value(kinds.get(name, "java.lang.String"), text)
+
+
+def _body(kind: str, data: bytes, types: str | None, null: bool = False) -> dict[str, Any]:
     if kind == "TextMessage":
-        return {"text": data.decode("utf-8", "surrogatepass")}
+        return {"text": None if null else data.decode("utf-8", "surrogatepass")}
     if kind in ("BytesMessage", "ObjectMessage"):
         return {"base64": base64.b64encode(data).decode("ascii")}
     if kind == "MapMessage":
@@ -127,7 +157,10 @@ def give_back(source: Any, conn: sa.Connection, owed: Sequence[Any]) -> tuple[li
     held: set[tuple[str, int]] = set()
     for start in range(0, len(mids), STATEMENT_KEYS):
         chunk = mids[start:start + STATEMENT_KEYS]
-        stored.update(conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(chunk))).scalars())
+        # Locked: a consume of another handle of the message (which locks it the same way before
+        # it looks for handles left) either deletes it before this looks, or sees the handle given back.
+        stored.update(conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(chunk)).with_for_update()
+                                   .with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql")).scalars())
         held.update((mid, int(cid)) for mid, cid in conn.execute(sa.select(h.c.messageid, h.c.consumerid).where(
             h.c.destinationid == dest[0], h.c.consumerid.in_(sorted(consumers) or [-1]), h.c.messageid.in_(chunk))))
     sequence = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(h.c.sequencenumber), 0))).scalar_one())

@@ -201,3 +201,24 @@ def test_init_and_rollback_print_the_marks_table_for_a_dba(tmp_path: Path, capsy
     assert main(["rollback", "-c", str(tmp_path / "c.toml"), "--job", "j", "--print-sql"]) == 0
     sql = capsys.readouterr().out
     assert "INSERT INTO dbo.qbridge_givebacks" in sql and MARKS in sql
+
+
+@pytest.mark.postgres
+def test_a_message_whose_mapping_dropped_what_rebuilding_it_needs_stays_delivered(request, tmp_path: Path,
+                                                                                  pg_server: str, pg_schema: str,
+                                                                                  capsys) -> None:
+    from test_openjms_source import MAPPING
+
+    mapping = MAPPING + '\n[headers.drop]\nnames = ["JMS.PropertyTypes", "JMS.BodyKind"]\n'
+    j = Jms(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, system="openjms",
+            queues=["orders"], mapping=mapping, mode="move")
+    j.seed()
+    request.addfinalizer(j.dispose)
+    assert j.cli("init") == 0
+    j.queue_message("ID:m-1")
+    assert j.cli("sync", "--once") == 0
+    capsys.readouterr()
+    assert j.cli("rollback", "--job", "job1", "--json") == 0
+    [w] = json.loads(capsys.readouterr().out)["queues"]
+    assert (w["withdrawn"], w["kept"], w["unsure"]) == (0, 1, 1)
+    assert j.count("Orders") == 1 and not _handles(j)

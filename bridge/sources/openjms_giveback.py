@@ -41,6 +41,8 @@ def rebuild(source: Any, key: str, delivered: dict[str, Any]) -> tuple[str, dict
     kind = jms.get("BodyKind")
     if kind not in BODY_KINDS:
         return "unsure", None
+    if "PropertyTypes" not in jms and any(name.startswith("Property.") for name in jms):
+        return "unsure", None  # the mapping dropped the properties' Java types
     try:
         body = _body(kind, delivered["body"], jms.get("BodyTypes"), jms.get("BodyNull") == "true")
         kinds = orjson.loads(jms.get("PropertyTypes") or "{}")

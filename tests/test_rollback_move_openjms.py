@@ -24,8 +24,19 @@ KINDS = ["map_msg.bin", "stream_msg.bin", "object_msg.bin", "bytes_msg.bin", "pl
          "real0761_text_int_property.bin", "correlation_provider.bin", "replyto_temp_queue.bin"]
 
 
-@pytest.fixture(params=["postgres", "mariadb"])
-def jms(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str):
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def jms(request: pytest.FixtureRequest, tmp_path: Path):
+    if request.param == "sqlite":  # the OpenJMS store and the NServiceBus tables each in a file, as the demo has them
+        from test_openjms_source import MAPPING
+
+        j = Jms(tmp_path, f"sqlite:///{tmp_path}/openjms.db", f"sqlite:///{tmp_path}/nsb.db", system="openjms",
+                queues=["orders", "prices.eu", "binary.in"], mapping=MAPPING, mode="move", batch_size=4)
+        j.seed()
+        assert j.cli("init") == 0
+        yield j
+        j.dispose()
+        return
+    pg_server, pg_schema = request.getfixturevalue("pg_server"), request.getfixturevalue("pg_schema")
     yield from make_jms(request.param, request, tmp_path, pg_server, pg_schema, mode="move", batch_size=4)
 
 
@@ -102,7 +113,8 @@ def test_handles_come_back_as_they_were_and_are_delivered_again_once(jms: Jms, c
     for mid, new in blobs.items():
         _same_message(stored[mid], new, "topic" if mid == "ID:t-1" else "queue")
     with j.source.connect() as conn:
-        assert conn.execute(sa.text(f"select count(*) from {MARKS}")).scalar_one() == 0  # nothing owed: no mark kept
+        prefix = f'"{j.source_schema}".' if j.source_schema else ""
+        assert conn.execute(sa.text(f"select count(*) from {prefix}{MARKS}")).scalar_one() == 0  # nothing owed: no mark kept
     assert j.cli("verify") == 0
     assert j.cli("sync", "--once") == 0
     again = j.message_ids(*TABLES)

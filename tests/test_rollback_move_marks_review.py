@@ -19,6 +19,7 @@ from bridge.giveback_marks import MARKS
 from bridge.samples import openjms_message
 from test_openjms_source import MAPPING, QUEUE_ID, SUBSCRIBERS, TOPIC_ID, Jms, blob
 from test_rollback_move_biztalk import _entries
+from test_rollback_move_openjms import _blobs, _handles
 from test_biztalk_source import SMALL, fx, make_bt
 
 TABLES = ("Orders", "Binary", "Billing", "AuditTrail", "Replies", "Unrouted", "audit", "error")
@@ -32,18 +33,6 @@ def _jms(request, tmp_path: Path, pg_server: str, pg_schema: str, mapping: str =
     assert j.cli("init") == 0
     request.addfinalizer(j.dispose)
     return j
-
-
-def _handles(j: Jms) -> set[tuple[str, int]]:
-    with j.source.connect() as conn:
-        h = j.jms_tables["message_handles"]
-        return {(m, int(c)) for m, c in conn.execute(sa.select(h.c.messageid, h.c.consumerid))}
-
-
-def _blobs(j: Jms) -> dict[str, bytes]:
-    with j.source.connect() as conn:
-        m = j.jms_tables["messages"]
-        return {mid: bytes(b) for mid, b in conn.execute(sa.select(m.c.messageid, m.c.messageblob))}
 
 
 def _marks(j) -> int:

@@ -6,6 +6,9 @@ body and headers). The source side re-reads each delivered row in batches and ru
 the same decode and envelope as a pass. Rows an endpoint has already consumed cannot be
 compared and are counted apart. `NServiceBus.TimeOfFailure` is left out of the hash: for
 messages the legacy side never recorded a failure time for, it is the moment qbridge read them.
+So are the headers a source added later for a move-mode rollback to rebuild its rows from
+(`Source.added_headers`): a message delivered before carries none, and the fields they repeat
+are in the hash through the headers it does carry.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ class DeepBooks:
     mismatched_keys: list[str] = field(default_factory=list)
 
 
-def digest(headers: dict[str, str], body: bytes | None) -> bytes:
-    kept = {k: v for k, v in headers.items() if k not in VOLATILE}
+def digest(headers: dict[str, str], body: bytes | None, skipped: frozenset[str] = VOLATILE) -> bytes:
+    kept = {k: v for k, v in headers.items() if k not in skipped}
     h = hashlib.sha256(orjson.dumps(kept, option=orjson.OPT_SORT_KEYS))
     h.update(b"\0" if body is None else b"\1" + body)
     return h.digest()
@@ -52,7 +55,7 @@ def _target_digests(runner: JobRunner, tconn: sa.Connection, tables: set[str]) -
             parsed = orjson.loads(headers)
             mid = parsed.get("NServiceBus.MessageId")
             if mid:
-                out[mid] = digest(parsed, bytes(body) if body is not None else None)
+                out[mid] = digest(parsed, bytes(body) if body is not None else None, skipped(runner))
     return out
 
 
@@ -137,4 +140,13 @@ def _recompute(source: Any, row: Any, runner: JobRunner, translated: frozenset[s
         return None, None
     if not isinstance(result, Outgoing):
         return None, None
-    return digest(result.headers, result.body), runner.target.ledger_target(result)
+    return digest(result.headers, result.body, skipped(runner)), runner.target.ledger_target(result)
+
+
+def skipped(runner: JobRunner) -> frozenset[str]:
+    """Headers left out of the hash, under the names the job's mapping gives them."""
+    memo = runner.__dict__.get("_deep_skipped")
+    if memo is None:
+        added = {runner.mapping.header_target(h, frozenset()) for s in runner.sources.values() for h in s.added_headers()}
+        memo = runner.__dict__["_deep_skipped"] = VOLATILE | frozenset(h for h in added if h)
+    return memo

@@ -200,6 +200,9 @@ class BizTalkSource(ScanSource):
     def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
         return biztalk_giveback.give_back(self, conn, owed)
 
+    def added_headers(self) -> frozenset[str]:
+        return frozenset({"BizTalk.ServiceID", "BizTalk.AdditionalInfo"})
+
     def given_back_raw(self, owed: Any) -> dict[str, Any]:
         return owed.payload["raw"]
 

@@ -186,6 +186,14 @@ class OpenJMSSource(ScanSource):
             return 0
         h, m, c = self.t["message_handles"], self.t["messages"], self.t["consumers"]
         pairs = sorted({(int(cid), mid) for mid, _, cid in (str(k).rpartition("#") for k in keys)})
+        mids = sorted({mid for _, mid in pairs})
+        # The messages locked first, in one order, before any handle is touched: two consumes of
+        # sibling handles of one topic message, and a rollback giving one back
+        # (sources.openjms_giveback, which locks them the same way), then take turns on the
+        # message, each seeing the others' handles as committed, and never wait in a circle.
+        for start in range(0, len(mids), 500):
+            conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(mids[start:start + 500]))
+                         .order_by(m.c.messageid).with_for_update().with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
         done = 0
         for cid in sorted({cid for cid, _ in pairs}):
             mids = [mid for c_, mid in pairs if c_ == cid]
@@ -196,14 +204,9 @@ class OpenJMSSource(ScanSource):
         # seeks), never by messageId alone, which no index OpenJMS creates leads with.
         consumers = set(conn.execute(sa.select(c.c.consumerid).where(c.c.destinationid == dest[0])).scalars())
         consumers |= {cid for cid, _ in pairs}
-        mids = sorted({mid for _, mid in pairs})
         for start in range(0, len(mids), 500):
             chunk = mids[start:start + 500]
-            # The messages locked first, then their handles read with a locking read (the latest
-            # committed, under MariaDB's repeatable read too): a rollback giving another handle
-            # of one back (sources.openjms_giveback) locks it the same way, so its handle is seen.
-            conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(chunk)).with_for_update()
-                         .with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
+            # A locking read: the latest committed handles, under MariaDB's repeatable read too.
             held = set(conn.execute(sa.select(h.c.messageid).where(
                 h.c.destinationid == dest[0], h.c.consumerid.in_(sorted(consumers)), h.c.messageid.in_(chunk))
                 .with_for_update(read=True)).scalars())
@@ -222,6 +225,9 @@ class OpenJMSSource(ScanSource):
 
     def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
         return openjms_giveback.give_back(self, conn, owed)
+
+    def added_headers(self) -> frozenset[str]:
+        return frozenset(self.prefix + n for n in ("ReplyToDestination", "Expiration", "Timestamp", "BodyNull"))
 
     def given_back_raw(self, owed: Any) -> dict[str, Any]:
         return openjms_giveback.given_back_raw(self, owed)

@@ -161,8 +161,8 @@ def give_back(source: Any, conn: sa.Connection, owed: Sequence[Any]) -> tuple[li
         chunk = mids[start:start + STATEMENT_KEYS]
         # Locked: a consume of another handle of the message (which locks it the same way before
         # it looks for handles left) either deletes it before this looks, or sees the handle given back.
-        stored.update(conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(chunk)).with_for_update()
-                                   .with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql")).scalars())
+        stored.update(conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(chunk)).order_by(m.c.messageid)
+                                   .with_for_update().with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql")).scalars())
         held.update((mid, int(cid)) for mid, cid in conn.execute(sa.select(h.c.messageid, h.c.consumerid).where(
             h.c.destinationid == dest[0], h.c.consumerid.in_(sorted(consumers) or [-1]), h.c.messageid.in_(chunk))))
     sequence = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(h.c.sequencenumber), 0))).scalar_one())

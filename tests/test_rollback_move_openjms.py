@@ -234,3 +234,15 @@ def test_a_message_whose_mapping_dropped_what_rebuilding_it_needs_stays_delivere
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert (w["withdrawn"], w["kept"], w["unsure"]) == (0, 1, 1)
     assert j.count("Orders") == 1 and not _handles(j)
+
+
+def test_move_mode_deletes_every_message_no_handle_holds_when_a_batch_spans_subscribers(jms: Jms) -> None:
+    """One pass consumes handles of two durable subscribers, each of a message of its own: both
+    messages go with their last handle, as OpenJMS deletes them."""
+    from bridge.samples import openjms_message
+
+    topic = blob("real0761_text_durable_topic_overflowed_expiration.bin")
+    jms.store(lambda c, t: openjms_message(c, t, "ID:a", TOPIC_ID, topic, [SUBSCRIBERS["billing-sub"]]))
+    jms.store(lambda c, t: openjms_message(c, t, "ID:b", TOPIC_ID, topic, [SUBSCRIBERS["audit-sub"]], accepted=2))
+    assert jms.cli("sync", "--once") == 0
+    assert not _handles(jms) and not _blobs(jms)

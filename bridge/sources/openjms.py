@@ -177,6 +177,20 @@ class OpenJMSSource(ScanSource):
         return sorted(rows, key=lambda r: order[r.key])
 
     # -- move mode -------------------------------------------------------------------------
+    def lock_messages(self, conn: sa.Connection, mids: Sequence[str]) -> set[str]:
+        """Locks the message rows of `mids` (sorted) and returns those stored. Taken, in this one
+        order, before anything looks at their handles: two consumes of sibling handles of one
+        topic message, and a rollback giving one back (openjms_giveback), then take turns on the
+        message, each seeing the others' handles as committed, and never wait in a circle."""
+        m = self.t["messages"]
+        ordered = sorted(mids)
+        stored: set[str] = set()
+        for start in range(0, len(ordered), 500):
+            stored.update(conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(ordered[start:start + 500]))
+                                       .order_by(m.c.messageid).with_for_update()
+                                       .with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql")).scalars())
+        return stored
+
     def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:
         """As OpenJMS does: delete the handle, then the message once no handle refers to it."""
         if not keys:
@@ -187,19 +201,13 @@ class OpenJMSSource(ScanSource):
         h, m, c = self.t["message_handles"], self.t["messages"], self.t["consumers"]
         pairs = sorted({(int(cid), mid) for mid, _, cid in (str(k).rpartition("#") for k in keys)})
         mids = sorted({mid for _, mid in pairs})
-        # The messages locked first, in one order, before any handle is touched: two consumes of
-        # sibling handles of one topic message, and a rollback giving one back
-        # (sources.openjms_giveback, which locks them the same way), then take turns on the
-        # message, each seeing the others' handles as committed, and never wait in a circle.
-        for start in range(0, len(mids), 500):
-            conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(mids[start:start + 500]))
-                         .order_by(m.c.messageid).with_for_update().with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
+        self.lock_messages(conn, mids)  # before any handle is touched
         done = 0
         for cid in sorted({cid for cid, _ in pairs}):
-            mids = [mid for c_, mid in pairs if c_ == cid]
-            for start in range(0, len(mids), 500):
+            held_by = [mid for c_, mid in pairs if c_ == cid]
+            for start in range(0, len(held_by), 500):
                 done += conn.execute(sa.delete(h).where(h.c.destinationid == dest[0], h.c.consumerid == cid,
-                                                        h.c.messageid.in_(mids[start:start + 500]))).rowcount
+                                                        h.c.messageid.in_(held_by[start:start + 500]))).rowcount
         # Handles still holding a message: looked up per consumer of the destination (index
         # seeks), never by messageId alone, which no index OpenJMS creates leads with.
         consumers = set(conn.execute(sa.select(c.c.consumerid).where(c.c.destinationid == dest[0])).scalars())

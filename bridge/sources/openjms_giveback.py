@@ -155,14 +155,12 @@ def give_back(source: Any, conn: sa.Connection, owed: Sequence[Any]) -> tuple[li
     h, m, c = source.t["message_handles"], source.t["messages"], source.t["consumers"]
     consumers = set(conn.execute(sa.select(c.c.consumerid).where(c.c.destinationid == dest[0])).scalars())
     mids = sorted({o.payload["message_id"] for o in owed})
-    stored: set[str] = set()
+    # Locked: a consume of another handle of the message either deleted it before this looks, or
+    # sees the handle given back.
+    stored = source.lock_messages(conn, mids)
     held: set[tuple[str, int]] = set()
     for start in range(0, len(mids), STATEMENT_KEYS):
         chunk = mids[start:start + STATEMENT_KEYS]
-        # Locked: a consume of another handle of the message (which locks it the same way before
-        # it looks for handles left) either deletes it before this looks, or sees the handle given back.
-        stored.update(conn.execute(sa.select(m.c.messageid).where(m.c.messageid.in_(chunk)).order_by(m.c.messageid)
-                                   .with_for_update().with_hint(m, "WITH (UPDLOCK, ROWLOCK)", "mssql")).scalars())
         held.update((mid, int(cid)) for mid, cid in conn.execute(sa.select(h.c.messageid, h.c.consumerid).where(
             h.c.destinationid == dest[0], h.c.consumerid.in_(sorted(consumers) or [-1]), h.c.messageid.in_(chunk))))
     sequence = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(h.c.sequencenumber), 0))).scalar_one())
@@ -175,11 +173,11 @@ def give_back(source: Any, conn: sa.Connection, owed: Sequence[Any]) -> tuple[li
         if (p["message_id"], p["consumer_id"]) in held:
             continue  # the handle is there: nothing to give back
         sequence += 1
-        _, blob = message_of(p, sequence, dest[1])
         if p["message_id"] not in stored:
             stored.add(p["message_id"])
             messages.append({"messageid": p["message_id"], "destinationid": dest[0], "priority": p["priority"],
-                             "createtime": p["accepted"], "expirytime": p["expiry"], "processed": 0, "messageblob": blob})
+                             "createtime": p["accepted"], "expirytime": p["expiry"], "processed": 0,
+                             "messageblob": message_of(p, sequence, dest[1])[1]})
         handles.append({"messageid": p["message_id"], "destinationid": dest[0], "consumerid": p["consumer_id"],
                         "priority": p["priority"], "acceptedtime": p["accepted"], "sequencenumber": sequence,
                         "expirytime": p["expiry"], "delivered": p["delivered"]})

@@ -26,6 +26,8 @@ A row whose destination is gone by then is quarantined as above."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,45 +84,36 @@ def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
     source, g = runner.sources[queue], state.givebacks
     marks = giveback_marks.marks_table(runner.job.source.schema_) if source.marks_give_backs else None
     while _attempting(runner, queue, chunk):
-        # The source transaction begins first, as a pass's does (SQLite takes a file's write lock at BEGIN).
-        with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
-            stx = sconn.begin()
-            try:
-                with tconn.begin():
-                    state.lock_checkpoint(tconn, job, queue)  # one writer of the queue's books at a time
-                    rows = tconn.execute(sa.select(g.c.source_key, g.c.message_id, g.c.payload, g.c.attempts)
-                                         .where(g.c.job == job, g.c.queue == queue)
-                                         .order_by(g.c.source_key).limit(chunk)).all()
-                    if not rows:  # another process gave them back meanwhile
-                        stx.rollback()
-                        return given, quarantined
-                    owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p, _ in rows]
-                    # An attempt before this one, which may have given back a row gone since (where no mark tells).
-                    tried = {k for k, _, _, n in rows if n > 1} if marks is None else set()
-                    todo = owed
-                    if marks is not None:  # given back by an attempt whose legacy commit went through
-                        done = giveback_marks.marked(sconn, marks, job, queue, [o.payload["token"] for o in owed])
-                        todo = [o for o in owed if o.payload["token"] not in done]
-                    gone_keys, back = source.give_back(sconn, todo)
-                    gone = set(gone_keys)
-                    if marks is not None:
-                        giveback_marks.mark(sconn, marks, job, queue, [o.payload["token"] for o in todo if o.key not in gone])
-                    faults.reached("giveback_before_legacy_commit")
-                    stx.commit()
-                    faults.reached("giveback_after_legacy_commit")
-                    lost = [o for o in owed if o.key in gone]
-                    if lost:
-                        state.record(tconn, job, queue, runner.origins[queue],
-                                     [LedgerEntry(o.message_id, o.key, "quarantined", None, _why(o, tried)) for o in lost],
-                                     [Quarantined(o.message_id, o.key, _why(o, tried), source.given_back_raw(o)) for o in lost],
-                                     ranged=source.cursor == "monotonic")
-                    keys = [o.key for o in owed]
-                    tconn.execute(sa.delete(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys)))
-                    given += back
-                    quarantined += len(lost)
-            finally:
-                if stx.is_active:
-                    stx.rollback()
+        with _under_lock(runner, queue) as (sconn, stx, tconn):
+            rows = tconn.execute(sa.select(g.c.source_key, g.c.message_id, g.c.payload, g.c.attempts)
+                                 .where(g.c.job == job, g.c.queue == queue)
+                                 .order_by(g.c.source_key).limit(chunk)).all()
+            if not rows:  # another process gave them back meanwhile
+                return given, quarantined
+            owed = [Owed(k, mid, orjson.loads(p)) for k, mid, p, _ in rows]
+            # An attempt before this one, which may have given back a row gone since (where no mark tells).
+            tried = {k for k, _, _, n in rows if n > 1} if marks is None else set()
+            todo = owed
+            if marks is not None:  # given back by an attempt whose legacy commit went through
+                done = giveback_marks.marked(sconn, marks, job, queue, [o.payload["token"] for o in owed])
+                todo = [o for o in owed if o.payload["token"] not in done]
+            gone_keys, back = source.give_back(sconn, todo)
+            gone = set(gone_keys)
+            if marks is not None:
+                giveback_marks.mark(sconn, marks, job, queue, [o.payload["token"] for o in todo if o.key not in gone])
+            faults.reached("giveback_before_legacy_commit")
+            stx.commit()
+            faults.reached("giveback_after_legacy_commit")
+            lost = [o for o in owed if o.key in gone]
+            if lost:
+                state.record(tconn, job, queue, runner.origins[queue],
+                             [LedgerEntry(o.message_id, o.key, "quarantined", None, _why(o, tried)) for o in lost],
+                             [Quarantined(o.message_id, o.key, _why(o, tried), source.given_back_raw(o)) for o in lost],
+                             ranged=source.cursor == "monotonic")
+            keys = [o.key for o in owed]
+            tconn.execute(sa.delete(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys)))
+            given += back
+            quarantined += len(lost)
     forget_marks(runner, queue)
     return given, quarantined
 
@@ -132,15 +125,24 @@ def forget_marks(runner: Any, queue: str) -> None:
     if not runner.sources[queue].marks_give_backs:
         return
     marks = giveback_marks.marks_table(runner.job.source.schema_)
-    state, job = runner.state, runner.job.name
+    with _under_lock(runner, queue) as (sconn, stx, tconn):
+        if not anything_owed(tconn, runner.state, runner.job.name, queue):
+            giveback_marks.forget(sconn, marks, runner.job.name, queue)
+            stx.commit()
+
+
+@contextmanager
+def _under_lock(runner: Any, queue: str) -> Iterator[tuple[sa.Connection, sa.RootTransaction, sa.Connection]]:
+    """A legacy transaction and a target one holding the queue's checkpoint lock (one writer of
+    the queue's books at a time). The legacy one begins first, as a pass's does (SQLite takes a
+    file's write lock at BEGIN); the caller commits it, and what it leaves open is rolled back.
+    The target one commits on leaving, after the caller's legacy commit."""
     with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
         stx = sconn.begin()
         try:
             with tconn.begin():
-                state.lock_checkpoint(tconn, job, queue)
-                if not anything_owed(tconn, state, job, queue):
-                    giveback_marks.forget(sconn, marks, job, queue)
-                    stx.commit()
+                runner.state.lock_checkpoint(tconn, runner.job.name, queue)
+                yield sconn, stx, tconn
         finally:
             if stx.is_active:
                 stx.rollback()

@@ -39,10 +39,10 @@ from bridge.db import read_only_engine
 from bridge.pipeline.loop import JobRunner, database_identity
 from bridge.sources import SourceRow
 from bridge.sources.nginn import STATEMENT_KEYS
-from bridge.sources.nservicebus import bare_queue
+from bridge.sources.nservicebus import bare_queue, transport_utc
 from bridge.state import pending_key
 from bridge.targets.base import Skipped
-from bridge.timefmt import UTC, from_wire
+from bridge.timefmt import from_wire
 
 BATCH = 1000  # rows withdrawn per transaction
 LISTED = 50  # consumed message ids listed (all are counted)
@@ -194,28 +194,28 @@ def _redeliverable_read(runner: JobRunner, sconn: sa.Connection, queue: str, bat
         row = rows.get(key)
         if row is not None and (source.cursor != "monotonic" or row.values.get("subqueue") in PENDING):
             out.append((key, table, row_id, mid, None))
-        elif row is not None and not move and table == audit:
+            continue
+        if row is not None and not move and table == audit:
             out.append((key, table, row_id, mid, None))  # a processed row, sent to audit by the mapping
-        elif row is not None and move:
+            continue
+        if row is not None and move:
             # Processed by the legacy receiver (delivered as such), or consumed by move mode from
             # the subqueue whose mapping sends it where the message is: the source tells.
             verdict, payload = source.give_back_payload(row, table.lower(), lands_in)
-            if verdict == "theirs":
-                out.append((key, table, row_id, mid, None))
-            elif verdict == "owed":
-                out.append((key, table, row_id, mid, giveback.Owed(key, mid, payload)))
-            else:
-                w.kept += 1  # which subqueue it came from cannot be told: it stays delivered
-                w.unsure += 1
         elif row is None and rebuilt and (table, row_id) in content:
             verdict, payload = source.give_back_delivered(sconn, key, table.lower(), content[table, row_id])
-            if verdict == "owed":
-                out.append((key, table, row_id, mid, giveback.Owed(key, mid, payload)))
-            else:
-                w.kept += 1  # the delivered row lacks what rebuilding the legacy one needs: it stays delivered
-                w.unsure += 1
         else:
             w.kept += 1  # its legacy row was consumed: withdrawn, it could not come back
+            continue
+        if verdict == "theirs":
+            out.append((key, table, row_id, mid, None))
+        elif verdict == "owed":
+            out.append((key, table, row_id, mid, giveback.Owed(key, mid, payload)))
+        else:
+            # Which subqueue it came from cannot be told, or the delivered row lacks what
+            # rebuilding the legacy one needs: it stays delivered.
+            w.kept += 1
+            w.unsure += 1
     return out
 
 
@@ -238,7 +238,7 @@ def delivered_rows(runner: JobRunner, tconn: sa.Connection, where: list[tuple[st
                 headers = orjson.loads(r[1])
                 reply = headers.get("NServiceBus.ReplyToAddress")
                 out[name, r[0]] = {"headers": headers, "body": bytes(r[2] or b""), "sent": _sent(headers),
-                                   "expires": _aware(r[3]) if expires else None,
+                                   "expires": transport_utc(r[3]) if expires else None,
                                    "reply_to": replies.get(reply, bare_queue(reply)) if reply else None}
     return out
 
@@ -248,11 +248,6 @@ def _sent(headers: dict[str, str]) -> Any:
         return from_wire(headers["NServiceBus.TimeSent"])
     except (KeyError, ValueError):
         return None
-
-
-def _aware(value: Any) -> Any:
-    """Transport expiry times are UTC, naive in `Expires`."""
-    return None if value is None else (value.replace(tzinfo=UTC) if value.tzinfo is None else value)
 
 
 def _sharing(runner: JobRunner, queue: str, config: Config | None) -> list[str]:

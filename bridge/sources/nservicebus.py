@@ -178,11 +178,11 @@ class NServiceBusSource(Source):
         if not h.get(MESSAGE_ID):
             raise BadRow(f"{v['table']} row {v['key']}: no {MESSAGE_ID} header")
         now = utcnow()
-        expires = _utc(v["expires"])
+        expires = transport_utc(v["expires"])
         state = "ready"
         due = None
         if v["due"] is not None:
-            state, due = "delayed", _utc(v["due"])
+            state, due = "delayed", transport_utc(v["due"])
         elif expires is not None and expires <= now:
             state = "expired"  # the transport discards such a row unprocessed
         try:
@@ -215,7 +215,7 @@ class NServiceBusSource(Source):
         return {k: json_safe(val) for k, val in row.values.items() if not k.startswith("_")}
 
 
-def _utc(value: datetime | None) -> datetime | None:
+def transport_utc(value: datetime | None) -> datetime | None:
     """Transport times are UTC, naive in `Expires`/SQL Server `Due`, aware in PostgreSQL `Due`."""
     if value is None:
         return None

@@ -6,23 +6,31 @@ and mapped by the job's own runner (the fast lane first, the validated path for 
 batch does), and counted: by legacy state, by target table, by skip rule, by quarantine reason
 (with a few example keys), already delivered, types the mapping has no `[types]` entry for. It
 opens its own connections, read-only on PostgreSQL, and never creates a checkpoint, so a role
-with SELECT rights alone on both sides can run it. Memory is bounded by a batch and by the caps
-on distinct reasons and types kept.
+with SELECT rights alone on both sides can run it. A queue of increasing keys with
+PARALLEL_ROWS or more is read in key slices by worker processes, one per usable core, as
+`migrate` spreads the same mapping over Spark's tasks; their counts add up to what one process
+makes of the queue. Memory is bounded by a batch per process and by the caps on distinct
+reasons and types kept.
 """
 
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import time
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.config import Config
 from bridge.db import read_only_engine
 from bridge.errors import SourceSchemaError
 from bridge.ledger_upgrade import require_current
+from bridge.pipeline.cpus import usable_cpus
 from bridge.pipeline.loop import JobRunner
 from bridge.sources import Source, SourceRow
 from bridge.targets.base import Skipped
@@ -32,6 +40,8 @@ EXAMPLES = 3  # example keys per reason
 TYPES = 1000  # distinct unmapped types kept per queue
 QUEUE_HEAD = 10_000  # rows of a reverse job's proxy queue previewed (its head: consumed rows leave it)
 OTHER = "(other reasons)"
+PARALLEL_ROWS = 100_000  # rows of a queue from which preview reads it in slices, a process each
+MAX_WORKERS = 8
 
 
 @dataclass
@@ -58,6 +68,24 @@ class QueuePreview:
         q["count"] += 1
         if len(q["examples"]) < EXAMPLES:
             q["examples"].append(key)
+
+    def add(self, part: QueuePreview) -> None:
+        """Counts `part`, a slice of the same queue read after the rows counted so far, as if its
+        rows had been counted here one by one (the same caps on reasons, examples and types)."""
+        self.rows += part.rows
+        self.already += part.already
+        self.states.update(part.states)
+        self.tables.update(part.tables)
+        self.skipped.update(part.skipped)
+        for reason, r in part.quarantined.items():
+            if reason not in self.quarantined and len(self.quarantined) >= REASONS:
+                reason = OTHER
+            q = self.quarantined.setdefault(reason, {"count": 0, "examples": []})
+            q["count"] += r["count"]
+            q["examples"] = (q["examples"] + r["examples"])[:EXAMPLES]
+        for name, n in part.untyped.items():
+            if name in self.untyped or len(self.untyped) < TYPES:
+                self.untyped[name] += n
 
 
 @dataclass
@@ -87,8 +115,10 @@ class JobPreview:
                 "quarantined": sum(q.quarantine_count for q in self.queues)}
 
 
-def preview(runner: JobRunner, missing_tables: list[str]) -> JobPreview:
-    """Reads and maps every pending row of the job's queues; writes nothing."""
+def preview(runner: JobRunner, missing_tables: list[str], config: Config | None = None) -> JobPreview:
+    """Reads and maps every pending row of the job's queues; writes nothing. With the `config`
+    the runner was made from, a large queue of increasing keys is read in slices by processes
+    of their own, one per usable core (`_slices`)."""
     out = JobPreview(runner.job.name, missing_tables=missing_tables)
     started = time.monotonic()
     source_engine, target_engine = read_only_engine(runner.source_url), read_only_engine(runner.target_url)
@@ -106,6 +136,12 @@ def preview(runner: JobRunner, missing_tables: list[str]) -> JobPreview:
                 except SourceSchemaError as e:
                     q.problem = str(e)  # a reverse job's proxy queue before `init`, or a legacy table missing
                     continue
+                slices = _slices(source, sconn) if config is not None else []
+                if len(slices) > 1:
+                    assert config is not None
+                    for part in _in_processes(config, runner.job.name, queue, ledger, slices):
+                        q.add(part)
+                    continue
                 for rows in _batches(runner, source, sconn, kconn):
                     _count(runner, source, tconn if ledger else None, rows, q)
             if not runner.job.reverse:
@@ -117,12 +153,59 @@ def preview(runner: JobRunner, missing_tables: list[str]) -> JobPreview:
     return out
 
 
-def _batches(runner: JobRunner, source: Source, sconn: sa.Connection, kconn: sa.Connection):
+def _slices(source: Source, sconn: sa.Connection) -> list[tuple[int | None, int | None]]:
+    """(after, upto] key ranges of about equal width, one per usable core, for a queue of
+    increasing keys holding PARALLEL_ROWS or more (below that, starting a process costs more
+    than it saves); [] otherwise. `migrate` spreads the same mapping over Spark's tasks, so
+    preview, the same reading and mapping without the writes, does it on as many cores."""
+    workers = min(usable_cpus(), MAX_WORKERS)
+    if source.cursor != "monotonic" or workers < 2 or source.count_after(sconn, None) < PARALLEL_ROWS:
+        return []
+    first, last = source.fetch_after(sconn, None, 1, False), source.max_key(sconn)
+    if not first or last is None:
+        return []
+    low = int(first[0].key) - 1
+    step = max(1, (int(last) - low) // workers)
+    cuts = [low + step * i for i in range(1, workers)]
+    return list(zip([None, *cuts], [*cuts, None]))  # the last one open: rows that came since
+
+
+def _in_processes(config: Config, job: str, queue: str, ledger: bool,
+                  slices: list[tuple[int | None, int | None]]) -> list[QueuePreview]:
+    """The slices' previews, each made in a process of its own, in key order."""
+    with ProcessPoolExecutor(max_workers=len(slices), mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = [pool.submit(_preview_slice, config, job, queue, ledger, after, upto) for after, upto in slices]
+        return [part.result() for part in parts]
+
+
+def _preview_slice(config: Config, job: str, queue: str, ledger: bool, after: int | None, upto: int | None) -> QueuePreview:
+    """One slice of a queue previewed, in a worker process (read-only connections of its own)."""
+    from bridge.pipeline import gc_policy
+
+    gc_policy.for_batches()
+    [job_config] = config.select(job)
+    runner = JobRunner(config, job_config)
+    source = runner.sources[queue]
+    q = QueuePreview(queue)
+    source_engine, target_engine = read_only_engine(runner.source_url), read_only_engine(runner.target_url)
+    try:
+        with source_engine.connect() as sconn, target_engine.connect() as tconn:
+            for rows in _batches(runner, source, sconn, sconn, after, upto):
+                _count(runner, source, tconn if ledger else None, rows, q)
+    finally:
+        source_engine.dispose()
+        target_engine.dispose()
+    return q
+
+
+def _batches(runner: JobRunner, source: Source, sconn: sa.Connection, kconn: sa.Connection,
+             after: int | None = None, upto: int | None = None) -> Iterator[list[SourceRow]]:
+    """`after`/`upto`: the key range of a slice (increasing keys only)."""
     size = runner.job.batch_size
     if source.cursor == "monotonic":
-        cursor = None
+        cursor = after
         while True:
-            rows = source.fetch_after(sconn, cursor, size, False)
+            rows = source.fetch_after(sconn, cursor, size, False, upto=upto)
             if rows:
                 yield rows
             if len(rows) < size:

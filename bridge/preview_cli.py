@@ -32,7 +32,7 @@ def missing_tables(config, job) -> list[str]:
 
 def preview_command(args: argparse.Namespace) -> int:
     config, runners = runners_of(args)
-    previews = [preview(r, missing_tables(config, r.job)) for r in runners]
+    previews = [preview(r, missing_tables(config, r.job), config) for r in runners]
     if args.json:
         sys.stdout.write(orjson.dumps({"jobs": [p.to_json() for p in previews]}).decode() + "\n")
     else:

@@ -131,3 +131,31 @@ def test_openjms_on_mariadb(request, tmp_path: Path, pg_server: str, pg_schema: 
         assert j.cli("sync", "--once") == 0 and j.count("Orders") == 2
         code, jobs = _preview(j.config, capsys)
         assert {x["queue"]: x for x in jobs["job1"]["queues"]}["orders"]["already"] == 2
+
+
+def test_a_large_queue_read_in_slices_by_processes_counts_what_one_process_counts(on_each_db, capsys,
+                                                                                  monkeypatch) -> None:
+    """Past PARALLEL_ROWS, a queue of increasing keys is read in slices, a process per usable
+    core (as migrate spreads the mapping over Spark's tasks): every count, reason, example key
+    and type is what one process reading it whole makes of it, some rows delivered already."""
+    import bridge.preview as preview_module
+    from bridge.samples import nginn_row
+
+    b: Bridge = on_each_db(batch_size=7)
+    now = b.now_local()
+    b.insert([nginn_row("MQueue1", i, now, subqueue={0: "X", 1: "R", 2: "F"}.get(i % 10, "I"),
+                        headers="Filter=a=b" if i % 17 == 0 else "") for i in range(1, 301)])
+    assert b.cli("sync", "--once") == 0
+    b.insert([nginn_row("MQueue1", i, now, subqueue={0: "X", 1: "R", 2: "F"}.get(i % 10, "I"),
+                        headers="Filter=a=b" if i % 13 == 0 else "") for i in range(301, 701)])
+    monkeypatch.setattr(preview_module, "usable_cpus", lambda: 3)
+    _, whole = _preview(b.config, capsys)
+    monkeypatch.setattr(preview_module, "PARALLEL_ROWS", 10)
+    calls = []
+    real = preview_module._in_processes
+    monkeypatch.setattr(preview_module, "_in_processes", lambda *a: calls.append(a[-1]) or real(*a))
+    _, sliced = _preview(b.config, capsys)
+    assert [len(s) for s in calls] == [3]
+    [q_whole], [q_sliced] = whole["job1"]["queues"], sliced["job1"]["queues"]
+    assert q_whole["rows"] == 700 and q_whole["already"] == 300 and q_whole["quarantined"]
+    assert q_sliced == q_whole

@@ -6,8 +6,9 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import ContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, ContextManager
 
 import orjson
 from rich.table import Table
@@ -187,9 +188,21 @@ def _holding(args: argparse.Namespace, runners: list[JobRunner]) -> ContextManag
 
     if args.lock_wait < 0:
         raise UsageError("--lock-wait must be 0 or more seconds")
-    return holding([(r.target_engine, r.state.checkpoint.schema, r.job.name, r.job.target.connection) for r in runners],
-                   args.lock_wait,
-                   identity(args.command), attempts=args.retries)
+    return _fenced(runners, holding([(r.target_engine, r.state.checkpoint.schema, r.job.name, r.job.target.connection)
+                                     for r in runners], args.lock_wait, identity(args.command), attempts=args.retries))
+
+
+@contextmanager
+def _fenced(runners: list[JobRunner], held: ContextManager[dict[str, Any]]) -> Iterator[None]:
+    """Each runner checks its job's fence, taken with the lock, in every transaction it commits."""
+    with held as fences:
+        for r in runners:
+            r.fence = fences.get(r.job.name)
+        try:
+            yield
+        finally:
+            for r in runners:
+                r.fence = None
 
 
 def cmd_sync(args: argparse.Namespace) -> int:

@@ -61,3 +61,9 @@ class MigrationFailed(BridgeError):
 
 class JobBusy(BridgeError):
     """Another qbridge process (a `qbridge run`, most often) holds the job's lock."""
+
+
+class LockLost(BridgeError):
+    """This process no longer holds a job's lock (its session ended, and another may have taken
+    the job): it commits nothing more for that job (bridge.fence). Not retryable as it is: the
+    job's lock must be taken again first."""

@@ -143,6 +143,7 @@ def _under_lock(runner: Any, queue: str) -> Iterator[tuple[sa.Connection, sa.Roo
             with tconn.begin():
                 runner.state.lock_checkpoint(tconn, runner.job.name, queue)
                 yield sconn, stx, tconn
+                runner.fenced(tconn)
         finally:
             if stx.is_active:
                 stx.rollback()
@@ -164,4 +165,5 @@ def _attempting(runner: Any, queue: str, chunk: int) -> bool:
         if keys:
             conn.execute(sa.update(g).where(g.c.job == job, g.c.queue == queue, g.c.source_key.in_(keys))
                          .values(attempts=g.c.attempts + 1))
+            runner.fenced(conn)
     return bool(keys)

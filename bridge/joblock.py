@@ -9,9 +9,11 @@ database does the same, released by the kernel when the process dies.
 `qbridge run` takes it per job and checks before each batch that it still holds it; `sync` and
 `migrate` take it for their whole run, waiting a while for a holder to finish.
 
-The lock is for orderly operation, not for correctness: two passes of one job still serialise
-on the checkpoint row, pending keys are merged under that row's lock, and the ledger refuses a
-second delivery, so a holder that lost its lock without noticing yet doubles nothing.
+A session lock can be lost without its holder noticing (the session ends under a batch under
+way), so the lock alone proves nothing at commit time: taking it raises the job's fencing epoch,
+which every transaction that writes the job's books checks before it commits (bridge.fence).
+Two passes of one job also serialise on the checkpoint row, pending keys are merged under that
+row's lock, and the ledger refuses a second delivery.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
-from bridge.errors import JobBusy
+from bridge import fence
+from bridge.errors import JobBusy, LockLost  # noqa: F401 - LockLost is imported from here too
 
 log = logging.getLogger("qbridge.run")
 # How this process names itself where others can see it (PostgreSQL's application_name).
@@ -76,6 +79,8 @@ class JobLock:
     def __init__(self, engine: sa.Engine, job: str, who: str = IDENTITY, schema: str | None = None) -> None:
         self.engine = engine
         self.who = who
+        self.job, self.schema = job, schema
+        self.fence: fence.Fence | None = None  # the epoch this process took with the lock (bridge.fence)
         # SQLite's lock is a file beside the database, scoped by its path already.
         self.name = lock_name(job, None if engine.dialect.name == "sqlite" else state_scope(engine, schema))
         self._conn: sa.Connection | None = None
@@ -87,7 +92,18 @@ class JobLock:
 
     def ensure(self) -> bool:
         """True when this process holds the lock (taking it if free); False when another does.
-        A lock whose connection was lost (database restarted) is given up and tried again."""
+        A lock whose connection was lost (database restarted) is given up and tried again.
+        Taking it raises the job's fencing epoch (bridge.fence), which `self.fence` then holds."""
+        got = self._take()
+        if got and self.fence is None:  # newly taken (release() forgets the fence)
+            try:
+                self.fence = fence.take(self.engine, self.schema, self.job, self.who)
+            except BaseException:
+                self.release()
+                raise
+        return got
+
+    def _take(self) -> bool:
         if self.engine.dialect.name == "sqlite":
             return self._flock()
         if self._conn is not None:
@@ -169,6 +185,7 @@ class JobLock:
         return "not this process"
 
     def release(self) -> None:
+        self.fence = None
         if self._conn is not None:
             conn, self._conn = self._conn, None
             # Closing the session frees the lock; the connection must not go back to the pool
@@ -182,16 +199,13 @@ class JobLock:
             f.close()
 
 
-class LockLost(Exception):
-    """This process no longer holds a job's lock (its connection was cut): another may run it."""
-
-
 @contextmanager
 def holding(jobs: Sequence[tuple[sa.Engine, str | None, str, str]], wait: float, who: str, attempts: int = 5,
-            sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
+            sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, fence.Fence]]:
     """Holds the lock of every (target engine, state schema, job, connection name) while the caller runs
     them, waiting up to `wait` seconds for each; JobBusy names the holder when one does not come
-    free. A database that does not answer is retried as every other step is."""
+    free. A database that does not answer is retried as every other step is. Yields each job's
+    fence (bridge.fence), which the caller's runners check in every transaction they commit."""
     from bridge.db import describe
     from bridge.retry import with_backoff
 
@@ -216,7 +230,7 @@ def holding(jobs: Sequence[tuple[sa.Engine, str | None, str, str]], wait: float,
                     waiting = True
                 sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             locks.append(lock)
-        yield
+        yield {lock.job: lock.fence for lock in locks if lock.fence is not None}
     finally:
         for lock in locks:
             lock.release()

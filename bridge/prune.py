@@ -104,4 +104,5 @@ def _remove(runner: JobRunner, queue: str, keys: list[str], cutoff: Any) -> int:
         n = conn.execute(sa.delete(l).where(l.c.origin == runner.origins[queue], l.c.source_key.in_(keys),
                                             l.c.at < cutoff, l.c.outcome != "quarantined")).rowcount
         runner.state.totals.add(conn, runner.job.name, queue, runner.origins[queue], Counter({("pruned", None): n}))
+        runner.fenced(conn)
     return n

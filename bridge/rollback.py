@@ -317,7 +317,11 @@ def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tup
         # Under the lock, the legacy rows are as the last pass left them: a key still pending is
         # being consumed by a pass (its legacy commit comes after its target commit), so it stays
         # delivered; any other row is read now, after its consume (if any) committed.
+        # So is a key a Spark unit delivered and has not consumed yet (its task may be alive yet,
+        # under a migrate whose lock was lost: its consume is still to come).
         pending = {pending_key(k) for k in cp.pending}
+        if runner.inflight_kept():
+            pending.update(k for _, keys in state.read_inflight(tconn, runner.job.name, queue) for k in keys)
         settled = [r for r in listed if pending_key(int(r[0]) if ranged else r[0]) not in pending]
         w.kept += len(listed) - len(settled)
         batch = _redeliverable(runner, reader, queue, settled, w, tconn)
@@ -336,6 +340,7 @@ def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tup
             state.totals.add(tconn, runner.job.name, queue, origin, Counter({("delivered", None): -len(keys)}))
         withdrawn = set(keys)
         giveback.owe(tconn, state, runner.job.name, queue, [o for *_, o in batch if o is not None and o.key in withdrawn])
+        runner.fenced(tconn)
         faults.reached("rollback_before_commit")
     faults.reached("rollback_after_commit")
     w.withdrawn += len(keys)

@@ -78,14 +78,18 @@ class JobWorker:
             if self.standing_by:
                 log.info("job=%s lock taken over; running", self.name)
                 self.standing_by = False
+            self.runner.fence = self.lock.fence  # a new epoch whenever the lock was taken anew
             try:
                 self._run()
             except LockLost:
                 # Its connection was cut: a standby may run the job now. No batch of this one
-                # starts until the lock is taken again (passes already under way double nothing:
-                # the checkpoint row and the ledger serialise them).
+                # starts until the lock is taken again, and none under way commits once another
+                # took it (the fence). Released, so that the next tick takes it, and a new epoch,
+                # only if it is free (a lock file removed under it is still "held" here).
                 log.warning("job=%s lost its lock (its database connection was cut); another qbridge run may hold "
                             "the job now; standing by", self.name)
+                self.lock.release()
+                self.runner.fence = None
                 self.standing_by = True
                 return
             self.last_success = time.time()

@@ -152,9 +152,12 @@ late_commit_window = "{self.window}"
         config = load_config(self.config)
         return JobRunner(config, config.jobs[0])
 
+    def spawn_args(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "bridge.cli", args[0], "-c", str(self.config), *args[1:]]
+
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "bridge.cli", args[0], "-c", str(self.config), *args[1:]]
-        return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(self.spawn_args(*args), env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
 
     def dispose(self) -> None:
         self.source.dispose()

@@ -15,6 +15,7 @@ from bridge import giveback
 from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for
 from bridge.errors import RetryableError, TargetSchemaError
+from bridge.fence import Fence
 from bridge.identifiers import url_identity
 from bridge.ledger_upgrade import require_current
 from bridge.model import message_id_for, message_ids, queue_origin
@@ -74,7 +75,11 @@ class JobSetup:
             source.due_only = not self.target.schedules
         self._ready: set[str] = set()
         self._ledger_checked = False
-        self._givebacks_kept: bool | None = None  # whether qbridge_givebacks exists (giveback.finish)
+        self._kept: dict[str, bool] = {}  # which of the later state tables the target has (kept())
+        # The fencing epoch of the job's lock, when this process holds it (bridge.fence): every
+        # transaction that writes the job's books checks it last. None: not checked (tests that
+        # drive a runner directly; quarantine replay, which serialises on the checkpoint row).
+        self.fence: Fence | None = None
         # Queues whose owed rows are given back at their next _prepare: every queue once a
         # process, and again after a pass found rows owed under its checkpoint lock (Passes._pass).
         self.owed_queues: set[str] = set(job.source.queues)
@@ -151,11 +156,23 @@ class JobSetup:
     def givebacks_kept(self) -> bool:
         """Whether the target has qbridge_givebacks (made by `init` since issue 28): a ledger
         without it has never had anything given back, and passes need not look (once a process)."""
-        if self._givebacks_kept is None:
-            g = self.state.givebacks
+        return self.kept(self.state.givebacks)
+
+    def kept(self, table: sa.Table) -> bool:
+        """Whether the target has `table`, one of the state tables later versions of `init` add (once a process)."""
+        if table.name not in self._kept:
             with self.target_engine.connect() as tconn:
-                self._givebacks_kept = sa.inspect(tconn).has_table(g.name, schema=g.schema)
-        return self._givebacks_kept
+                self._kept[table.name] = sa.inspect(tconn).has_table(table.name, schema=table.schema)
+        return self._kept[table.name]
+
+    def inflight_kept(self) -> bool:
+        """Whether keys in flight can be recorded and read; a move-mode Spark unit needs them."""
+        return self.kept(self.state.inflight)
+
+    def fenced(self, tconn: sa.Connection) -> None:
+        """The last statement of every transaction that writes the job's books (bridge.fence)."""
+        if self.fence is not None:
+            self.fence.check(tconn)
 
     def _prepare(self, queue: str, give_back: bool = True) -> None:
         """`give_back`: False for a caller that gives back what is owed itself, and counts it."""

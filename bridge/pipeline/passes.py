@@ -99,6 +99,7 @@ class Passes(Batch):
             self._settle_version = None if carried else cp.version
             if cp.version % FOLD_EVERY == 0:  # under the checkpoint lock, which serialises the folders
                 self.state.totals.fold(tconn, job.name, source.queue, self.origins[source.queue])
+            self.fenced(tconn)
             faults.reached("before_target_commit")
         stats.read = len(rows)
         stats.gaps_open = len(cp.gaps)
@@ -112,11 +113,32 @@ class Passes(Batch):
         """Consumes what a pass delivered and then could not consume (it died, or lost its
         connection, between its two commits), under the checkpoint's lock, in transactions of
         its own that hold no other source row: a pass still committing those rows finishes
-        first, and nothing waits in a circle."""
+        first, and nothing waits in a circle. Then what Spark units left in flight."""
         with self.target_engine.connect() as tconn:
             cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
-        if cp is None or not cp.pending:
-            return
+            flights = self.state.read_inflight(tconn, self.job.name, queue) if self.inflight_kept() else []
+        if cp is not None and cp.pending:
+            self._consume_checkpoint_pending(queue)
+        if flights:
+            self._consume_inflight(queue, flights)
+
+    def _consume_inflight(self, queue: str, flights: list[tuple[str, list[Any]]]) -> None:
+        """Consumes the keys of Spark units' batches that committed in the target: a unit still
+        between its two commits holds its rows, so this waits for its consume and then finds them
+        consumed; a unit that died left them for this. Units take no checkpoint lock, so none is
+        held here either, and nothing waits in a circle."""
+        n = 0
+        for batch, keys in flights:
+            with self.source_engine.begin() as sconn:
+                n += self.sources[queue].consume(sconn, keys)
+            faults.reached("inflight_consumed")
+            with self.target_engine.begin() as tconn:
+                self.state.drop_inflight(tconn, self.job.name, queue, batch)
+        if n:
+            log.info("job=%s queue=%s consumed %d source rows delivered by a Spark unit that did not consume them",
+                     self.job.name, queue, n)
+
+    def _consume_checkpoint_pending(self, queue: str) -> None:
         # The source transaction begins first, as a pass's does: SQLite takes a file's write
         # lock at BEGIN, and two orders would wait on each other (two jobs sharing both files).
         with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
@@ -131,6 +153,7 @@ class Passes(Batch):
                     stx.commit()
                     faults.reached("pending_consumed")
                     self.state.drop_pending(tconn, cp, cp.pending)
+                    self.fenced(tconn)
             finally:
                 if stx.is_active:
                     stx.rollback()

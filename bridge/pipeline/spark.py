@@ -25,7 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bridge import faults
 from bridge.config import Config
-from bridge.errors import BridgeError, MigrationFailed
+from bridge.errors import BridgeError, LockLost, MigrationFailed
+from bridge.fence import Fence
 from bridge.pipeline import gc_policy
 # spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
 from bridge.pipeline.spark_context import TASK_ATTEMPTS, _jvm, local_slots, spark_context, stop_spark  # noqa: F401
@@ -125,6 +126,9 @@ def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
             cp.gaps = sorted(set(cp.gaps) | set(gaps), key=lambda g: (g.lo, g.hi, g.since))
             runner.state.save_checkpoint(tconn, cp)
             runner.state.totals.fold(tconn, runner.job.name, queue, runner.origins[queue])  # the units' rows, one per batch
+            # The plan assumed this process held the job throughout: a rollback since (under
+            # another's lock) lowered the checkpoint below rows it withdrew, not to be raised again.
+            runner.fenced(tconn)
 
     with_backoff(move, f"job {runner.job.name} queue {queue}: saving the checkpoint")
 
@@ -133,8 +137,9 @@ def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
 _RUNNERS: dict[str, JobRunner] = {}
 
 
-def run_unit(config: Config, unit: WorkUnit) -> tuple[int, PassStats, list[Gap]]:
-    """One task. Python workers are reused between tasks, so engines are built once per worker."""
+def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int, str]] | None = None) -> tuple[int, PassStats, list[Gap]]:
+    """One task. Python workers are reused between tasks, so engines are built once per worker.
+    `fences`: job -> (epoch, holder) of the driver's job locks, which every batch checks."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -143,6 +148,8 @@ def run_unit(config: Config, unit: WorkUnit) -> tuple[int, PassStats, list[Gap]]
     if runner is None:
         runner = _RUNNERS[unit.job] = JobRunner(config, config.job(unit.job))
         gc_policy.for_batches()
+    fence = (fences or {}).get(unit.job)
+    runner.fence = None if fence is None else Fence(runner.state.jobs, unit.job, *fence)
     try:
         if unit.sliced:
             result: RangeResult = runner.run_slice(unit.queue, unit.after, unit.upto)
@@ -262,7 +269,8 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots:
 def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console: Console, sc: Any,
          attempts: int, units_done: Any = lambda: None) -> list[PassStats]:
     started = time.monotonic()
-    results = _execute(config, sc, units, console) if units else []
+    fences = {p.runner.job.name: (p.runner.fence.epoch, p.runner.fence.holder) for p in plans if p.runner.fence is not None}
+    results = _execute(config, sc, units, console, fences) if units else []
     spark_seconds = time.monotonic() - started
     units_done()
     log.info("Spark ran %d units in %.1fs", len(units), spark_seconds)
@@ -294,11 +302,13 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
     return totals
 
 
-def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console) -> list[tuple[int, PassStats, list[Gap]]]:
-    """Runs the units as one Spark job, one partition each, with a progress bar over them."""
+def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,
+             fences: dict[str, tuple[int, str]]) -> list[tuple[int, PassStats, list[Gap]]]:
+    """Runs the units as one Spark job, one partition each, with a progress bar over them;
+    `fences`: job -> (epoch, holder), checked by every batch of the tasks."""
     group = f"qbridge-{os.getpid()}-{time.time_ns()}"
     sc.setJobGroup(group, "qbridge migrate", interruptOnCancel=True)
-    rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u))
+    rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u, fences))
     box: dict[str, Any] = {}
 
     def collect() -> None:
@@ -342,6 +352,9 @@ def _task_error(e: BaseException) -> BaseException:
     if isinstance(e, BridgeError):
         return e
     text = str(e)
+    lost = re.search(r"LockLost: (.*)", text)
+    if lost:  # the driver's job lock was lost: every attempt failed at its first commit
+        return LockLost(lost.group(1).strip())
     python_lines = [ln.strip() for ln in text.splitlines() if re.match(r"^\s*[\w.]+(Error|Exception)\b.*:", ln)]
     reason = python_lines[-1] if python_lines else text.strip().splitlines()[0] if text.strip() else type(e).__name__
     return MigrationFailed(

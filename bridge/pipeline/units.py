@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bridge import faults
+from bridge.errors import TargetSchemaError
 from bridge.pipeline.job import LedgerConflict
 from bridge.pipeline.gaps import Gap, holes
 from bridge.pipeline.passes import Passes
@@ -96,6 +97,12 @@ class Units(Passes):
         stats = PassStats(source.queue)
         started = time.monotonic()
         rows: list[SourceRow] = []
+        flight: list[str] = []  # the batch's row in qbridge_inflight, once its target commit went through
+        if lock and not self.inflight_kept():
+            raise TargetSchemaError(
+                f"the target {self.job.target.connection!r} has no {self.state.inflight.name} table, where a move-mode "
+                "migration records what its tasks delivered and have not consumed yet (made by `qbridge init` since "
+                "issue 35): run `qbridge init -c CONFIG`")
 
         def deliver(sconn: sa.Connection) -> list:
             begun = time.perf_counter()
@@ -108,7 +115,13 @@ class Units(Passes):
                 try:
                     with self.target_engine.connect() as tconn, tconn.begin():
                         consume = self._deliver(tconn, source, rows, lock, attempt, {} if optimistic else None)
+                        # A rollback (or a pass) that runs before the consume below commits must
+                        # see these keys as being consumed, not as rows still to deliver.
+                        batch = self.state.add_inflight(tconn, self.job.name, source.queue, consume) if consume else None
+                        self.fenced(tconn)
                         faults.reached("before_target_commit")
+                    if batch is not None:
+                        flight.append(batch)
                     break
                 except LedgerConflict:
                     if not optimistic:
@@ -120,6 +133,9 @@ class Units(Passes):
             return consume
 
         self._in_source_tx(source, stats, deliver)
+        if flight:
+            with self.target_engine.begin() as tconn:
+                self.state.drop_inflight(tconn, self.job.name, source.queue, flight[0])
         stats.read = len(rows)
         stats.seconds = time.monotonic() - started
         self._log(stats)

@@ -63,6 +63,7 @@ class Withdrawal:
     given_back: int = 0  # move mode: legacy rows given back to the legacy receiver
     quarantined: int = 0  # move mode: legacy rows gone before they could be given back (bridge.giveback)
     unsure: int = 0  # move mode: kept, as no one subqueue it came from maps to where its message is
+    unsure_why: Counter[str] = field(default_factory=Counter)  # reason -> how many (reasons name mapping rules: few)
 
     def consumed_one(self, message_id: str) -> None:
         self.consumed += 1
@@ -72,7 +73,8 @@ class Withdrawal:
     def as_dict(self) -> dict[str, Any]:
         return {"job": self.job, "queue": self.queue, "withdrawn": self.withdrawn, "by_table": dict(self.by_table),
                 "consumed": self.consumed, "consumed_ids": self.consumed_ids, "kept": self.kept,
-                "given_back": self.given_back, "quarantined": self.quarantined, "unsure": self.unsure}
+                "given_back": self.given_back, "quarantined": self.quarantined, "unsure": self.unsure,
+                "unsure_reasons": dict(self.unsure_why)}
 
 
 def check(runner: JobRunner) -> None:
@@ -155,6 +157,8 @@ def _count_given(w: Withdrawal, counts: tuple[int, int]) -> None:
     w.quarantined += counts[1]
 
 
+UNSURE = ("what its legacy row was cannot be told from the delivered row (which subqueue it came from, or what kind "
+          "of body it had), so it cannot be given back as it was")
 PENDING = ("I", "R", "F")  # NGinn rows a pass delivers again as they were; a processed one ('X') is skipped
 
 
@@ -216,6 +220,7 @@ def _redeliverable_read(runner: JobRunner, sconn: sa.Connection, queue: str, bat
             # rebuilding the legacy one needs: it stays delivered.
             w.kept += 1
             w.unsure += 1
+            w.unsure_why[(payload or {}).get("why", UNSURE)] += 1
     return out
 
 
@@ -312,6 +317,7 @@ def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tup
               w: Withdrawal) -> None:
     source, origin, state = runner.sources[queue], runner.origins[queue], runner.state
     ranged = source.cursor == "monotonic"
+    inflight = runner.inflight_kept()  # before the transaction: it connects (SQLite would wait on tconn)
     with runner.target_engine.begin() as tconn:
         cp = state.lock_checkpoint(tconn, runner.job.name, queue)  # one writer of the queue's books at a time
         # Under the lock, the legacy rows are as the last pass left them: a key still pending is
@@ -320,7 +326,7 @@ def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tup
         # So is a key a Spark unit delivered and has not consumed yet (its task may be alive yet,
         # under a migrate whose lock was lost: its consume is still to come).
         pending = {pending_key(k) for k in cp.pending}
-        if runner.inflight_kept():
+        if inflight:
             pending.update(k for _, keys in state.read_inflight(tconn, runner.job.name, queue) for k in keys)
         settled = [r for r in listed if pending_key(int(r[0]) if ranged else r[0]) not in pending]
         w.kept += len(listed) - len(settled)

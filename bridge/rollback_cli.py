@@ -48,6 +48,9 @@ def _print(results: list[Withdrawal], dry_run: bool) -> None:
                       "messages are in quarantine (`qbridge quarantine list`), from where `replay` delivers them",
                       markup=False, highlight=False)
     for w in results:
+        for why, n in w.unsure_why.most_common():
+            out.print(f"{w.queue}: {n:,} kept delivered: {why}", markup=False, highlight=False)
+    for w in results:
         if w.consumed_ids:
             more = f" (and {w.consumed - len(w.consumed_ids):,} more)" if w.consumed > len(w.consumed_ids) else ""
             out.print(f"{w.queue}: consumed, cannot be withdrawn: {', '.join(w.consumed_ids)}{more}", markup=False,

@@ -246,3 +246,33 @@ def test_move_mode_deletes_every_message_no_handle_holds_when_a_batch_spans_subs
     jms.store(lambda c, t: openjms_message(c, t, "ID:b", TOPIC_ID, topic, [SUBSCRIBERS["audit-sub"]], accepted=2))
     assert jms.cli("sync", "--once") == 0
     assert not _handles(jms) and not _blobs(jms)
+
+
+@pytest.mark.postgres
+def test_a_property_the_mapping_dropped_keeps_the_message_delivered_with_the_reason(request, tmp_path: Path,
+                                                                                   pg_server: str, pg_schema: str,
+                                                                                   capsys) -> None:
+    """Issue 35, finding 3: the mapping drops `JMS.Property.quantity` but keeps `JMS.PropertyTypes`,
+    which still names it. Given back, the message would lack `quantity` and nothing would say so:
+    it stays delivered, counted as unsure, with the reason."""
+    from test_openjms_source import MAPPING
+
+    mapping = MAPPING + '\n[headers.drop]\nnames = ["JMS.Property.quantity"]\n'
+    j = Jms(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, system="openjms",
+            queues=["orders"], mapping=mapping, mode="move")
+    j.seed()
+    request.addfinalizer(j.dispose)
+    assert j.cli("init") == 0
+    j.queue_message("ID:m-1")
+    assert j.cli("sync", "--once") == 0
+    [row] = j.rows("Orders")
+    assert "quantity" in row["headers"]["JMS.PropertyTypes"] and "JMS.Property.quantity" not in row["headers"]
+    capsys.readouterr()
+    assert j.cli("rollback", "--job", "job1", "--json") == 0
+    [w] = json.loads(capsys.readouterr().out)["queues"]
+    assert (w["withdrawn"], w["kept"], w["unsure"], w["given_back"]) == (0, 1, 1, 0)
+    [why] = w["unsure_reasons"]
+    assert "JMS.Property.quantity" in why and "JMS.PropertyTypes" in why
+    assert j.count("Orders") == 1 and not _handles(j)
+    assert j.cli("rollback", "--job", "job1") == 0
+    assert "1 kept delivered: the mapping dropped JMS.Property.quantity" in capsys.readouterr().out

@@ -114,9 +114,10 @@ class Passes(Batch):
         connection, between its two commits), under the checkpoint's lock, in transactions of
         its own that hold no other source row: a pass still committing those rows finishes
         first, and nothing waits in a circle. Then what Spark units left in flight."""
+        inflight = self.inflight_kept()  # first: it connects, and SQLite's BEGIN IMMEDIATE would wait on tconn
         with self.target_engine.connect() as tconn:
             cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
-            flights = self.state.read_inflight(tconn, self.job.name, queue) if self.inflight_kept() else []
+            flights = self.state.read_inflight(tconn, self.job.name, queue) if inflight else []
         if cp is not None and cp.pending:
             self._consume_checkpoint_pending(queue)
         if flights:

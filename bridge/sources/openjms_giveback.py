@@ -33,8 +33,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def rebuild(source: Any, key: str, delivered: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-    """("owed", what `give_back` re-inserts) or ("unsure", None) when the delivered headers do
-    not say what kind of body the message had."""
+    """("owed", what `give_back` re-inserts) or ("unsure", None or {"why": ...}) when the
+    delivered headers do not say what kind of body the message had, or lack a property it had."""
     mid, _, cid = key.rpartition("#")
     h = delivered["headers"]
     jms = delivered_headers(h, source.mapping, source.prefix)
@@ -49,6 +49,10 @@ def rebuild(source: Any, key: str, delivered: dict[str, Any]) -> tuple[str, dict
         priority = int(jms.get("Priority") or 4)
     except (ValueError, TypeError, KeyError, orjson.JSONDecodeError, UnicodeDecodeError):
         return "unsure", None
+    dropped = sorted(f"{source.prefix}Property.{name}" for name in kinds if f"Property.{name}" not in jms)
+    if dropped:
+        return "unsure", {"why": f"the mapping dropped {', '.join(dropped)} (named in {source.prefix}PropertyTypes): "
+                                 "given back, the message would lack them"}
     topic = "Subscription" in jms  # the source names the durable subscriber of a topic's handle
     try:
         timestamp = _exact(jms, "Timestamp", delivered.get("sent"))

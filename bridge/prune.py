@@ -3,10 +3,11 @@
 
 An entry is there to say "this message went out already" while its source row may still be
 read: a scan source's row (an OpenJMS handle, a BizTalk work-queue entry) or a reverse job's
-proxy-queue row. Once that row is gone (consumed by move mode, by the legacy system's own
-receiver, or taken off the queue) and the entry is older than the job's `ledger_retention`
-(never shorter than `late_commit_window`), nothing can bring the row back through qbridge, and
-the entry goes. An entry whose source row is still there stays, whatever its age; quarantined
+proxy-queue row. Once that row is gone for good (consumed by move mode, by the legacy system's
+own receiver, or taken off the queue, and unable to come back: `Source.may_come_back`, which for
+BizTalk keeps an entry while its message has a Spool row, as a suspended instance's entry comes
+back when it is resumed) and the entry is older than the job's `ledger_retention` (never shorter
+than `late_commit_window`), nothing can bring the row back through qbridge, and the entry goes. An entry whose source row is still there stays, whatever its age; quarantined
 entries stay (their rows wait in the quarantine); NGinn's increasing keys are kept whole (their
 ledger is made of ranges in a later step). The totals are left alone and count what was pruned,
 so `qbridge_messages_total` never goes down.
@@ -89,9 +90,10 @@ def _old_entries(runner: JobRunner, queue: str, cutoff: Any, after: tuple[Any, s
 
 
 def _in_source(runner: JobRunner, source: Any, keys: list[str]) -> set[str]:
-    """The keys whose scan-source row is still there, read without locks."""
+    """The keys whose scan-source row is still there, or can come back (a suspended BizTalk
+    instance's entry, resumed), read without locks."""
     with runner.source_engine.connect() as sconn:
-        return {source.ledger_key(row) for row in source.fetch_keys(sconn, keys, False)}
+        return source.may_come_back(sconn, keys)
 
 
 def _remove(runner: JobRunner, queue: str, keys: list[str], cutoff: Any) -> int:

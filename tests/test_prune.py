@@ -163,3 +163,50 @@ def test_init_adds_the_age_index_to_a_ledger_made_without_it(make, capsys) -> No
     with b.target.connect() as conn:
         names = {i["name"] for i in sa.inspect(conn).get_indexes("qbridge_ledger", schema=b.target_schema)}
     assert "ix_qbridge_ledger_origin_at" in names
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_a_biztalk_instance_suspended_past_the_retention_then_resumed_is_not_delivered_again(
+        request, tmp_path: Path, kind: str, capsys) -> None:
+    """Issue 35, finding 2: an entry delivered from `<Host>Q`; BizTalk suspends its instance (the
+    entry moves to `<Host>Q_Suspended`, whose copy goes to `error`); the prune runs past the
+    retention; an operator resumes the instance (the entry is back in `<Host>Q` with the same
+    message and instance ids). It is not delivered again: its entry stayed, as its message
+    lived on in the Spool. Once the instance completed and the MessageBox purged the message, the
+    entry goes."""
+    from datetime import datetime
+
+    from test_biztalk_source import SMALL, fx, make_bt
+
+    for bt in make_bt(kind, request, tmp_path):
+        with_retention(bt, "2s")
+        message, instance = bt.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
+        assert bt.cli("sync", "--once") == 0
+        assert bt.count("Orders") == 1
+        work, suspended, info = bt.bt["BizTalkServerApplicationQ"], bt.bt["BizTalkServerApplicationQ_Suspended"], bt.bt["InstancesSuspended"]
+        with bt.source.begin() as conn:  # BizTalk suspends the instance
+            conn.execute(sa.delete(work).where(work.c.uidMessageID == message))
+            conn.execute(sa.insert(suspended).values(uidMessageID=message, uidInstanceID=instance, nvcAdditionalInfo="x"))
+            conn.execute(sa.insert(info).values(uidInstanceID=instance, nState=4, dtSuspendTimeStamp=datetime(2024, 3, 14, 9, 27),
+                                                nvcAdapter="FILE", nvcURI="in", nvcErrorDescription="failed"))
+        assert bt.cli("sync", "--once") == 0
+        assert bt.count("error") == 1
+        time.sleep(2.5)
+        capsys.readouterr()
+        assert bt.cli("ledger", "prune", "--json") == 0
+        [q] = json.loads(capsys.readouterr().out.splitlines()[-1])["queues"]
+        assert (q["looked_at"], q["removed"], q["still_in_source"]) == (2, 0, 2)
+        with bt.source.begin() as conn:  # an operator resumes it
+            conn.execute(sa.delete(suspended).where(suspended.c.uidMessageID == message))
+            conn.execute(sa.delete(info).where(info.c.uidInstanceID == instance))
+            conn.execute(sa.insert(work).values(uidMessageID=message, uidInstanceID=instance))
+        assert bt.cli("sync", "--once") == 0
+        assert bt.count("Orders") == 1, "the resumed entry was delivered a second time"
+        with bt.source.begin() as conn:  # the instance completes; the MessageBox purges the message
+            conn.execute(sa.delete(work).where(work.c.uidMessageID == message))
+            for name in ("MessageParts", "Spool"):
+                conn.execute(sa.delete(bt.bt[name]).where(bt.bt[name].c.uidMessageID == message))
+        assert bt.cli("ledger", "prune", "--json") == 0
+        [q] = json.loads(capsys.readouterr().out.splitlines()[-1])["queues"]
+        assert (q["removed"], q["still_in_source"]) == (2, 0)
+        assert bt.cli("verify") == 0

@@ -89,6 +89,13 @@ class Source:
         """Scan sources: the rows with these keys, in the order given."""
         raise NotImplementedError
 
+    def may_come_back(self, conn: sa.Connection, keys: Sequence[str]) -> set[str]:
+        """Scan sources: the ledger keys among `keys` whose row is there, or gone but able to come
+        back (their ledger entries must stay: bridge.prune). By default a row gone is gone for
+        good: an OpenJMS handle is deleted only when acknowledged, and OpenJMS never inserts it
+        again (only a move-mode give-back does, after the withdrawal removed the entry)."""
+        return {self.ledger_key(row) for row in self.fetch_keys(conn, keys, False)}
+
     def decode(self, row: SourceRow) -> CanonicalMessage:
         """The canonical message of `row`; raises BadRow with the reason when it cannot be read."""
         raise NotImplementedError

@@ -152,6 +152,23 @@ class BizTalkSource(ScanSource):
             rows.append(SourceRow(key=key, consumable=True, values=values))
         return rows
 
+    def may_come_back(self, conn: sa.Connection, keys: Sequence[str]) -> set[str]:
+        """An entry gone from `<Host>Q` may come back while its message lives: BizTalk suspends an
+        instance by moving its entry to `<Host>Q_Suspended` and an operator's resume moves it back,
+        with the same message and instance ids. So an entry is gone for good only once its message
+        has no Spool row (the MessageBox purges it when no instance refers to it any more) and no
+        entry of either queue names it."""
+        s = self.t["Spool"]
+        split = {k: self._split(k) for k in keys}
+        messages = sorted({m for _, m, _ in split.values()})
+        living: set[uuid.UUID] = set()
+        for start in range(0, len(messages), 500):
+            chunk = messages[start:start + 500]
+            for table, col in ((s, s.c.uidMessageID), (self.work, self.work.c.uidMessageID),
+                               (self.suspended, self.suspended.c.uidMessageID)):
+                living.update(conn.execute(sa.select(col).where(col.in_(chunk)).distinct()).scalars())
+        return {k for k, (_, m, _) in split.items() if m in living}
+
     def _parts(self, conn: sa.Connection, messages: list[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
         """Message id -> its parts by name, each with its fragments' bytes in order."""
         mp, p, f = self.t["MessageParts"], self.t["Parts"], self.t["Fragments"]

@@ -121,7 +121,8 @@ def preview(runner: JobRunner, missing_tables: list[str], config: Config | None 
     of their own, one per usable core (`_slices`)."""
     out = JobPreview(runner.job.name, missing_tables=missing_tables)
     started = time.monotonic()
-    source_engine, target_engine = read_only_engine(runner.source_url), read_only_engine(runner.target_url)
+    source_engine = read_only_engine(runner.source_url, missing_ok=runner.job.reverse)  # proxy queues: made by init
+    target_engine = read_only_engine(runner.target_url, missing_ok=True)
     try:
         with source_engine.connect() as sconn, source_engine.connect() as kconn, target_engine.connect() as tconn:
             l = runner.state.ledger
@@ -187,7 +188,8 @@ def _preview_slice(config: Config, job: str, queue: str, ledger: bool, after: in
     runner = JobRunner(config, job_config)
     source = runner.sources[queue]
     q = QueuePreview(queue)
-    source_engine, target_engine = read_only_engine(runner.source_url), read_only_engine(runner.target_url)
+    source_engine = read_only_engine(runner.source_url, missing_ok=runner.job.reverse)  # proxy queues: made by init
+    target_engine = read_only_engine(runner.target_url, missing_ok=True)
     try:
         with source_engine.connect() as sconn, target_engine.connect() as tconn:
             for rows in _batches(runner, source, sconn, sconn, after, upto):

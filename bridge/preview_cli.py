@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import orjson
 import sqlalchemy as sa
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from bridge.cli_common import out, runners_of
 from bridge.db import read_only_engine
+from bridge.errors import SourceSchemaError
 from bridge.preview import JobPreview, preview
 
 
@@ -20,7 +22,10 @@ def missing_tables(config, job) -> list[str]:
 
     missing = []
     for p in provision.plan(config, [job]):
-        engine = read_only_engine(p.url)
+        url = sa.engine.make_url(p.url)
+        if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+            missing.append(f"{p.connection}: the database file {Path(url.database).resolve()} itself")
+        engine = read_only_engine(p.url, missing_ok=True)
         try:
             with engine.connect() as conn:
                 insp = sa.inspect(conn)
@@ -30,8 +35,26 @@ def missing_tables(config, job) -> list[str]:
     return missing
 
 
+def missing_files(config, jobs) -> list[str]:
+    """The legacy SQLite databases the jobs read whose file is not there, each with its connection."""
+    out = []
+    for job in jobs:
+        for role, name in (() if job.reverse else (("legacy", job.source.connection),)):  # a proxy queue's: made by init
+            url = sa.engine.make_url(config.connections[name])
+            if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
+                    and not Path(url.database).exists():
+                line = f"connection {name!r} ({role} of job {job.name!r}): no SQLite database at {Path(url.database).resolve()}"
+                if line not in out:
+                    out.append(line)
+    return out
+
+
 def preview_command(args: argparse.Namespace) -> int:
     config, runners = runners_of(args)
+    absent = missing_files(config, [r.job for r in runners])
+    if absent:  # a target's is made by `init`, and listed with the tables it would create
+        raise SourceSchemaError("preview reads the databases and writes nothing, not even a new file:\n  "
+                                + "\n  ".join(absent))
     previews = [preview(r, missing_tables(config, r.job), config) for r in runners]
     if args.json:
         sys.stdout.write(orjson.dumps({"jobs": [p.to_json() for p in previews]}).decode() + "\n")

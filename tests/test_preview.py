@@ -159,3 +159,22 @@ def test_a_large_queue_read_in_slices_by_processes_counts_what_one_process_count
     [q_whole], [q_sliced] = whole["job1"]["queues"], sliced["job1"]["queues"]
     assert q_whole["rows"] == 700 and q_whole["already"] == 300 and q_whole["quarantined"]
     assert q_sliced == q_whole
+
+
+def test_preview_of_a_sqlite_target_not_made_yet_says_so_and_makes_no_file(tmp_path: Path, capsys) -> None:
+    """Issue 35: preview opened a missing SQLite target, which created it, empty. It now reads it
+    as empty, says `init` would create the file, and leaves none; a missing legacy file is an error."""
+    from helpers import Bridge
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db")
+    b.insert(b.ready(3))
+    capsys.readouterr()
+    assert b.cli("preview") == 0
+    out = capsys.readouterr().out
+    assert f"nsb: the database file {tmp_path / 'nsb.db'} itself" in out.replace("\n", "")
+    assert not (tmp_path / "nsb.db").exists()
+    (tmp_path / "legacy.db").rename(tmp_path / "moved.db")
+    assert b.cli("preview") == 1
+    assert f"connection 'legacy' (legacy of job 'job1'): no SQLite database at {tmp_path / 'legacy.db'}" in capsys.readouterr().err
+    assert not (tmp_path / "legacy.db").exists() and not (tmp_path / "nsb.db").exists()
+    b.dispose()

@@ -175,6 +175,14 @@ def cmd_init(args: argparse.Namespace) -> int:
             if n is not None:
                 out.print(f"{p.connection}: " + done.format(n), markup=False, highlight=False)
         created, existing = provision.create_missing(p)
+        if p.has_state:
+            from bridge.giveback import unclaimed, unclaimed_advice
+            from bridge.db import engine_for
+            from bridge.state import State
+
+            claimed = {(j.name, q) for j in config.jobs for q in j.source.queues}
+            for j, q, n in unclaimed(engine_for(p.url), State(p.schema), claimed):
+                err.print(f"warning: {unclaimed_advice(j, q, n)}", markup=False, highlight=False)
         added = [e for e in existing if "(index" in e]
         out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
                   f"{len(existing)} already existed and were left alone{' but for ' + ', '.join(added) if added else ''}",
@@ -244,10 +252,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from bridge.reconcile import verify
 
-    _, runners = runners_of(args)
+    config, runners = runners_of(args)
     books = [verify(r, deep=args.deep) for r in runners]
+    owed = unclaimed_givebacks(config, runners)
+    balanced = all(b.balanced for b in books) and not owed
     if args.json:
-        sys.stdout.write(orjson.dumps({"balanced": all(b.balanced for b in books), "jobs": [b.to_json() for b in books]}).decode() + "\n")
+        sys.stdout.write(orjson.dumps({"balanced": balanced, "jobs": [b.to_json() for b in books],
+                                       "unclaimed_givebacks": [{"job": j, "queue": q, "rows": n, "advice": a}
+                                                               for j, q, n, a in owed]}).decode() + "\n")
     else:
         t = Table(title="qbridge verify")
         for col in ("job", "queue", "source rows", "delivered", "skipped", "quarantined", "pending", "missing", "backlog", "balanced"):
@@ -272,7 +284,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
                         out.print(f"  differing source keys: {', '.join(d['mismatched_keys'])}", markup=False)
             for s in b.unroutable_subscriptions:
                 out.print(f"job {b.job}: subscription not migrated: {s['endpoint']} -> {s['topic']} ({s['reason']})", markup=False)
-    return 0 if all(b.balanced for b in books) else 1
+        for *_, advice in owed:
+            out.print(f"NOT BALANCED: {advice}", markup=False, highlight=False)
+    return 0 if balanced else 1
+
+
+def unclaimed_givebacks(config: Any, runners: list[JobRunner]) -> list[tuple[str, str, int, str]]:
+    """Owed give-backs no job of the config can finish, per target state schema, with the advice."""
+    from bridge.giveback import unclaimed, unclaimed_advice
+
+    claimed = {(j.name, q) for j in config.jobs for q in j.source.queues}
+    out, seen = [], set()
+    for r in runners:
+        where = (r.job.target.connection, r.state.givebacks.schema)
+        if where in seen:
+            continue
+        seen.add(where)
+        out += [(j, q, n, unclaimed_advice(j, q, n)) for j, q, n in unclaimed(r.target_engine, r.state, claimed)]
+    return out
 
 
 def cmd_status(args: argparse.Namespace) -> int:

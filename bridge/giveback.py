@@ -167,3 +167,22 @@ def _attempting(runner: Any, queue: str, chunk: int) -> bool:
                          .values(attempts=g.c.attempts + 1))
             runner.fenced(conn)
     return bool(keys)
+
+
+def unclaimed(engine: sa.Engine, state: State, claimed: set[tuple[str, str]]) -> list[tuple[str, str, int]]:
+    """(job, queue, rows) owed back by a rollback of a job or queue no longer in the config (renamed
+    or removed after a rollback was killed): no pass of the config will ever give them back."""
+    g = state.givebacks
+    with engine.connect() as conn:
+        if not sa.inspect(conn).has_table(g.name, schema=g.schema):
+            return []
+        rows = conn.execute(sa.select(g.c.job, g.c.queue, sa.func.count()).group_by(g.c.job, g.c.queue)
+                            .order_by(g.c.job, g.c.queue)).all()
+    return [(j, q, int(n)) for j, q, n in rows if (j, q) not in claimed]
+
+
+def unclaimed_advice(job: str, queue: str, rows: int) -> str:
+    return (f"job {job!r} queue {queue!r}: a rollback that was cut off still owes {rows:,} legacy row(s) back, and this "
+            f"config has no such job and queue (renamed or removed since?), so nothing will give them back: put job "
+            f"{job!r} with queue {queue!r} back in the config as it was, run `qbridge rollback -c CONFIG --job {job} "
+            f"--queue {queue}` (it gives back what is owed before anything else), then rename or remove it again")

@@ -206,3 +206,31 @@ def test_a_row_given_back_then_processed_and_cleaned_up_by_nginn_is_not_quaranti
     # (the plain advice to replay it would deliver a message NGinn processed).
     assert w["quarantined"] == 1 and "check NGinn's log" in q["reason"] and "if NGinn processed it" in q["reason"]
     assert sum(b.message_ids("Orders").values()) == 0 and set(before)
+
+
+@pytest.mark.postgres
+def test_what_a_killed_rollback_owes_a_job_renamed_since_is_named_by_init_and_verify(make, tmp_path: Path, capsys) -> None:
+    """Issue 35: a move-mode rollback killed between its withdrawal and its give-back, then the
+    job renamed in the config: no pass of the config gives the rows back. `init` warns and
+    `verify` does not balance, both naming the job, the queue and the command that settles it."""
+    import json
+
+    b = make(batch_size=50, mode="move")
+    b.insert(b.ready(5))
+    assert b.cli("sync", "--once") == 0
+    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    assert set(b.subqueues().values()) == {"X"}  # withdrawn, not given back yet
+    original = b.config.read_text()
+    b.config.write_text(original.replace('name     = "job1"', 'name     = "orders"'))
+    capsys.readouterr()
+    assert b.cli("init") == 0
+    err = capsys.readouterr().err
+    assert "job 'job1' queue 'MQueue1': a rollback that was cut off still owes 5 legacy row(s) back" in err.replace("\n", "")
+    assert b.cli("verify", "--json") == 1
+    [owed] = json.loads(capsys.readouterr().out)["unclaimed_givebacks"]
+    assert (owed["job"], owed["queue"], owed["rows"]) == ("job1", "MQueue1", 5)
+    assert "qbridge rollback -c CONFIG --job job1 --queue MQueue1" in owed["advice"]
+    b.config.write_text(original)  # as the advice says
+    assert b.cli("rollback", "--job", "job1", "--queue", "MQueue1") == 0
+    assert set(b.subqueues().values()) == {"I"}
+    assert b.cli("verify") == 0

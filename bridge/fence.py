@@ -49,8 +49,9 @@ class Fence:
 
     table: sa.Table
     job: str
-    epoch: int
+    epoch: int | None  # None: the target has no qbridge_jobs table (see `missing`)
     holder: str
+    missing: str | None = None  # the error every check raises when the table is not there
 
     def statement(self) -> sa.Select:
         t = self.table
@@ -60,6 +61,8 @@ class Fence:
     def check(self, conn: sa.Connection) -> None:
         """Raises LockLost unless the job's epoch is still this one; called last in a transaction,
         its shared row lock keeps the epoch from moving until the transaction ends."""
+        if self.missing is not None:
+            raise TargetSchemaError(self.missing)
         row = conn.execute(self.statement()).first()
         if row is None or row[0] != self.epoch:
             taker = "nobody (its row is gone)" if row is None else f"{row[1]} at {row[2]:%Y-%m-%d %H:%M:%S} UTC"
@@ -77,10 +80,12 @@ def take(engine: sa.Engine, schema: str | None, job: str, who: str, connection: 
     now = naive_utc(utcnow())
     with engine.connect() as conn:
         if not sa.inspect(conn).has_table(JOBS, schema=schema):
-            raise TargetSchemaError(
+            # Said by the first transaction that would write, so that what the checks before it
+            # find (a legacy table missing, `init` never run) is said first.
+            return Fence(t, job, None, who, missing=(
                 f"the target {connection!r} has no {JOBS} table, where every process that takes a job records its "
                 "fencing epoch (made by `qbridge init` since issue 35): run `qbridge init -c CONFIG` (or `--print-sql` "
-                "for a DBA)")
+                "for a DBA)"))
     for _ in range(2):
         try:
             with engine.begin() as conn:

@@ -76,10 +76,11 @@ def acquire_statement(dialect: str, name: str) -> tuple[str, dict[str, Any]]:
 class JobLock:
     """The lock of one job in its target database, kept on a connection of its own."""
 
-    def __init__(self, engine: sa.Engine, job: str, who: str = IDENTITY, schema: str | None = None) -> None:
+    def __init__(self, engine: sa.Engine, job: str, who: str = IDENTITY, schema: str | None = None,
+                 connection: str = "the target") -> None:
         self.engine = engine
         self.who = who
-        self.job, self.schema = job, schema
+        self.job, self.schema, self.connection = job, schema, connection
         self.fence: fence.Fence | None = None  # the epoch this process took with the lock (bridge.fence)
         # SQLite's lock is a file beside the database, scoped by its path already.
         self.name = lock_name(job, None if engine.dialect.name == "sqlite" else state_scope(engine, schema))
@@ -97,7 +98,7 @@ class JobLock:
         got = self._take()
         if got and self.fence is None:  # newly taken (release() forgets the fence)
             try:
-                self.fence = fence.take(self.engine, self.schema, self.job, self.who)
+                self.fence = fence.take(self.engine, self.schema, self.job, self.who, self.connection)
             except BaseException:
                 self.release()
                 raise
@@ -212,7 +213,7 @@ def holding(jobs: Sequence[tuple[sa.Engine, str | None, str, str]], wait: float,
     locks: list[JobLock] = []
     try:
         for engine, schema, job, connection in jobs:
-            lock = JobLock(engine, job, who, schema)
+            lock = JobLock(engine, job, who, schema, connection)
             deadline = time.monotonic() + wait
             waiting = False
             while True:

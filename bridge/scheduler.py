@@ -53,7 +53,8 @@ class JobWorker:
         self.runner = runner
         self.name = runner.job.name
         self.stopping = stopping
-        self.lock = JobLock(runner.target_engine, self.name, schema=runner.state.checkpoint.schema)
+        self.lock = JobLock(runner.target_engine, self.name, schema=runner.state.checkpoint.schema,
+                            connection=runner.job.target.connection)
         self.clock = clock
         self.failures = 0
         self.retry_at = 0.0

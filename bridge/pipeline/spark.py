@@ -137,9 +137,9 @@ def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
 _RUNNERS: dict[str, JobRunner] = {}
 
 
-def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int, str]] | None = None) -> tuple[int, PassStats, list[Gap]]:
+def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None, str, str | None]] | None = None) -> tuple[int, PassStats, list[Gap]]:
     """One task. Python workers are reused between tasks, so engines are built once per worker.
-    `fences`: job -> (epoch, holder) of the driver's job locks, which every batch checks."""
+    `fences`: job -> (epoch, holder, why unfenced) of the driver's job locks, which every batch checks."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -269,7 +269,8 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots:
 def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console: Console, sc: Any,
          attempts: int, units_done: Any = lambda: None) -> list[PassStats]:
     started = time.monotonic()
-    fences = {p.runner.job.name: (p.runner.fence.epoch, p.runner.fence.holder) for p in plans if p.runner.fence is not None}
+    fences = {p.runner.job.name: (p.runner.fence.epoch, p.runner.fence.holder, p.runner.fence.missing)
+              for p in plans if p.runner.fence is not None}
     results = _execute(config, sc, units, console, fences) if units else []
     spark_seconds = time.monotonic() - started
     units_done()
@@ -303,9 +304,9 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
 
 
 def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,
-             fences: dict[str, tuple[int, str]]) -> list[tuple[int, PassStats, list[Gap]]]:
+             fences: dict[str, tuple[int | None, str, str | None]]) -> list[tuple[int, PassStats, list[Gap]]]:
     """Runs the units as one Spark job, one partition each, with a progress bar over them;
-    `fences`: job -> (epoch, holder), checked by every batch of the tasks."""
+    `fences`: job -> (epoch, holder, why unfenced), checked by every batch of the tasks."""
     group = f"qbridge-{os.getpid()}-{time.time_ns()}"
     sc.setJobGroup(group, "qbridge migrate", interruptOnCancel=True)
     rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u, fences))

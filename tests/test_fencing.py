@@ -187,3 +187,42 @@ def test_on_sqlite_the_cut_at_each_command_beside_another_moves_each_message_onc
         race(b, tmp_path, cut, racer)
     finally:
         b.dispose()
+
+
+@pytest.mark.parametrize("server", ["pg", "mariadb"])
+def test_a_taker_waits_for_a_checked_transaction_and_the_old_holder_then_fails_its_check(request, server: str) -> None:
+    """The fence itself, on PostgreSQL and MariaDB: a transaction that passed its check holds the
+    epoch row until it ends, so the next taker's raise waits for it; afterwards every check of
+    the old holder fails with LockLost."""
+    import threading
+
+    from bridge.errors import LockLost
+    from bridge.fence import jobs_table, take
+
+    if server == "pg":
+        url, schema = request.getfixturevalue("pg_server"), request.getfixturevalue("pg_schema")
+    else:
+        url, schema = request.getfixturevalue("mariadb_database"), None
+    engine = sa.create_engine(url)
+    try:
+        jobs_table(schema).create(engine)
+        old = take(engine, schema, "orders", "old holder")
+        conn = engine.connect()
+        tx = conn.begin()
+        old.check(conn)  # passed: holds the row shared until COMMIT
+        taken: list = []
+        taker = threading.Thread(target=lambda: taken.append(take(engine, schema, "orders", "new holder")))
+        taker.start()
+        taker.join(1.5)
+        assert taker.is_alive() and not taken, "the taker raised the epoch under a checked transaction"
+        tx.commit()
+        taker.join(10)
+        assert taken and taken[0].epoch == old.epoch + 1
+        with pytest.raises(LockLost, match="new holder"):
+            with conn.begin():
+                old.check(conn)
+        with conn.begin():
+            taken[0].check(conn)
+        conn.close()
+    finally:
+        engine.dispose()

@@ -175,3 +175,17 @@ def test_ledger_conversion_for_sql_server(tmp_path: Path) -> None:
     assert "FROM dbo.qbridge_ledger WITH (TABLOCKX, HOLDLOCK) WHERE dbo.qbridge_ledger.job = 'back'" in copy
     assert steps[3:-1] == ["EXEC sp_rename N'dbo.qbridge_ledger', N'qbridge_ledger_old'",
                          "EXEC sp_rename N'dbo.qbridge_ledger_new', N'qbridge_ledger'", "DROP TABLE dbo.qbridge_ledger_old"]
+
+
+def test_the_fence_check_holds_the_epoch_row_shared_to_the_end_of_the_transaction_on_each_server() -> None:
+    """bridge.fence: the check's read must keep the next taker's UPDATE of the epoch waiting until
+    the checking transaction ends (a shared lock held to the end), on every server."""
+    from sqlalchemy.dialects import mssql, mysql, postgresql
+
+    from bridge.fence import Fence, jobs_table
+
+    stmt = Fence(jobs_table("dbo"), "orders", 3, "me").statement()
+    sql = str(stmt.compile(dialect=mssql.dialect()))
+    assert "FROM dbo.qbridge_jobs WITH (HOLDLOCK, ROWLOCK)" in sql and "FOR" not in sql
+    assert str(stmt.compile(dialect=postgresql.dialect())).rstrip().endswith("FOR SHARE")
+    assert str(stmt.compile(dialect=mysql.dialect())).rstrip().endswith("LOCK IN SHARE MODE")

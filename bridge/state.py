@@ -279,11 +279,13 @@ class State:
             raise RuntimeError(f"checkpoint of {cp.job}/{cp.queue} changed under this pass; retrying")
         cp.version += 1
 
-    def settle_pending(self, engine: sa.Engine, job: str, queue: str, keys: Sequence[Any], version: int | None) -> None:
+    def settle_pending(self, engine: sa.Engine, job: str, queue: str, keys: Sequence[Any], version: int | None,
+                       fence: Any = None) -> None:
         """Takes `keys`, consumed from the source, off the checkpoint's pending list. Only what
         was consumed leaves it: a key another pass added (a pass that then died before its own
         source commit) stays for the next pass to consume. `version`: the checkpoint's version
-        when the caller saved a list holding `keys` alone (None when it held others' too)."""
+        when the caller saved a list holding `keys` alone (None when it held others' too);
+        `fence`: the caller's (bridge.fence), checked where the list has changed since."""
         if not keys:
             return
         c = self.checkpoint
@@ -294,6 +296,10 @@ class State:
                     sa.update(c).where(*mine, c.c.version == version).values(pending=None)).rowcount == 1:
                 return
             self.drop_pending(conn, self.lock_checkpoint(conn, job, queue), keys)
+            # Taken off by value: after a rollback under another's lock gave these rows back, the
+            # same keys may be pending again for another pass, and are not this process's to settle.
+            if fence is not None:
+                fence.check(conn)
 
     def drop_pending(self, conn: sa.Connection, cp: Checkpoint, keys: Sequence[Any]) -> None:
         """Takes `keys` off the pending list of `cp`, locked in the caller's transaction."""

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 
 from bridge import faults, giveback
@@ -39,7 +40,7 @@ class Passes(Batch):
         consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
         if consume:
             faults.reached("after_source_commit")
-            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._settle_version)
+            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._settle_version, self.fence)
         stats.seconds = time.monotonic() - started
         self._log(stats)
         return stats
@@ -124,17 +125,33 @@ class Passes(Batch):
             self._consume_inflight(queue, flights)
 
     def _consume_inflight(self, queue: str, flights: list[tuple[str, list[Any]]]) -> None:
-        """Consumes the keys of Spark units' batches that committed in the target: a unit still
-        between its two commits holds its rows, so this waits for its consume and then finds them
-        consumed; a unit that died left them for this. Units take no checkpoint lock, so none is
-        held here either, and nothing waits in a circle."""
+        """Consumes the keys of Spark units' batches that committed in the target, each as
+        `_consume_checkpoint_pending` does its keys: under the checkpoint's lock (which a
+        rollback's withdrawal and give-back take), the batch's row read again (a list read
+        before may be stale: a rollback may have consumed it, withdrawn its messages and given
+        their rows back since), and the fence checked before the legacy commit. A unit still
+        between its two commits holds its rows, so this waits for its consume and finds them
+        consumed; units take no checkpoint lock, so nothing waits in a circle."""
         n = 0
-        for batch, keys in flights:
-            with self.source_engine.begin() as sconn:
-                n += self.sources[queue].consume(sconn, keys)
-            faults.reached("inflight_consumed")
-            with self.target_engine.begin() as tconn:
-                self.state.drop_inflight(tconn, self.job.name, queue, batch)
+        f = self.state.inflight
+        for batch, _ in flights:
+            with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
+                stx = sconn.begin()  # first, as a pass's (SQLite takes a file's write lock at BEGIN)
+                try:
+                    with tconn.begin():
+                        self.state.lock_checkpoint(tconn, self.job.name, queue)
+                        self.fenced(tconn)  # held shared to the end: no taker raises the epoch meanwhile
+                        keys = tconn.execute(sa.select(f.c.source_keys).where(
+                            f.c.job == self.job.name, f.c.queue == queue, f.c.batch == batch)).scalar()
+                        if keys is None:  # consumed and dropped by its unit or another process since
+                            continue
+                        n += self.sources[queue].consume(sconn, [pending_key(k) for k in orjson.loads(keys)])
+                        stx.commit()
+                        faults.reached("inflight_consumed")
+                        self.state.drop_inflight(tconn, self.job.name, queue, batch)
+                finally:
+                    if stx.is_active:
+                        stx.rollback()
         if n:
             log.info("job=%s queue=%s consumed %d source rows delivered by a Spark unit that did not consume them",
                      self.job.name, queue, n)
@@ -150,11 +167,11 @@ class Passes(Batch):
                     if not cp.pending:
                         stx.rollback()
                         return
+                    self.fenced(tconn)  # before the legacy commit; held shared to the end
                     n = self.sources[queue].consume(sconn, cp.pending)
                     stx.commit()
                     faults.reached("pending_consumed")
                     self.state.drop_pending(tconn, cp, cp.pending)
-                    self.fenced(tconn)
             finally:
                 if stx.is_active:
                     stx.rollback()

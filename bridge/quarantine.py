@@ -16,6 +16,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -25,8 +26,9 @@ from bridge import faults
 from bridge.db import unique_violation
 from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
+from bridge.state import State
 from bridge.targets.base import Skipped
-from bridge.timefmt import naive_utc, utcnow
+from bridge.timefmt import UTC, naive_utc, utcnow
 from bridge.totals import counted
 
 log = logging.getLogger("qbridge.quarantine")
@@ -249,3 +251,20 @@ class QuarantineDesk:
             reason=q["reason"], detail=f"{detail} ({q['edit']})" if "edit" in q else detail,
             quarantined_at=naive_utc(datetime.fromisoformat(q["at"])), raw=orjson.dumps(q.get("kept_raw", q["raw"])).decode(),
         ))
+
+
+def audit_trail(state: State, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """What was done to a job's quarantined messages, oldest first (raw rows left out)."""
+    a = state.audit
+    if not sa.inspect(conn).has_table(a.name, schema=a.schema):
+        return []  # created by the first replay or discard
+    stmt = sa.select(*(c for c in a.c if c.name not in ("raw", "id"))).where(a.c.job == job).order_by(a.c.at, a.c.id)
+    if ids is not None:
+        stmt = stmt.where(a.c.message_id.in_(list(ids)))
+    out = []
+    for r in conn.execute(stmt).mappings():
+        row = {str(k): v for k, v in r.items()}
+        for k in ("at", "quarantined_at"):
+            row[k] = row[k].replace(tzinfo=UTC).isoformat()
+        out.append(row)
+    return out

@@ -117,11 +117,13 @@ def _settled(args: argparse.Namespace, actor: str, results: list) -> int:
 
 
 def _quarantine_history(args: argparse.Namespace) -> int:
+    from bridge.quarantine import audit_trail
+
     _, runners = runners_of(args)
     jobs = []
     for r in runners:
         with r.target_engine.connect() as conn:
-            jobs.append({"job": r.job.name, "history": r.state.audit_trail(conn, r.job.name, args.ids)})
+            jobs.append({"job": r.job.name, "history": audit_trail(r.state, conn, r.job.name, args.ids)})
     if args.json:
         sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
         return 0

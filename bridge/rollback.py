@@ -327,7 +327,7 @@ def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tup
         # under a migrate whose lock was lost: its consume is still to come).
         pending = {pending_key(k) for k in cp.pending}
         if inflight:
-            pending.update(k for _, keys in state.read_inflight(tconn, runner.job.name, queue) for k in keys)
+            pending.update(k for _, keys in state.inflight.read(tconn, runner.job.name, queue) for k in keys)
         settled = [r for r in listed if pending_key(int(r[0]) if ranged else r[0]) not in pending]
         w.kept += len(listed) - len(settled)
         batch = _redeliverable(runner, reader, queue, settled, w, tconn)

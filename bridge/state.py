@@ -7,7 +7,6 @@ moved checkpoint commit in one transaction (GUIDE guarantee 1).
 from __future__ import annotations
 
 import heapq
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +18,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy import exc as sa_exc
 
 from bridge.fence import jobs_table
+from bridge.inflight import Inflight, inflight_table
 from bridge.ledger_ranges import Ranges, ranges_table
 from bridge.model import LEDGER_KEY_MAX
 from bridge.pipeline.gaps import Gap
@@ -31,7 +31,6 @@ CHECKPOINT = "qbridge_checkpoint"
 QUARANTINE = "qbridge_quarantine"
 AUDIT = "qbridge_quarantine_audit"
 GIVEBACKS = "qbridge_givebacks"
-INFLIGHT = "qbridge_inflight"
 LEDGER_COLUMNS = ("origin", "source_key", "message_id", "job", "queue", "outcome", "target", "reason", "at")
 
 
@@ -119,21 +118,9 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
         sa.Column("at", sa.DateTime(), nullable=False),
         schema=schema,
     )
-    # Keys a move-mode Spark unit delivered and has not consumed yet (its legacy commit follows its
-    # target commit): written with the batch, deleted once the consume committed; a dead unit's
-    # are consumed by the next pass. What a pass has in flight is in its checkpoint's `pending`.
-    inflight = sa.Table(
-        INFLIGHT, md,
-        sa.Column("job", sa.String(128), primary_key=True),
-        sa.Column("queue", sa.String(128), primary_key=True),
-        sa.Column("batch", sa.String(32), primary_key=True),
-        sa.Column("source_keys", sa.Text(), nullable=False),
-        sa.Column("at", sa.DateTime(), nullable=False),
-        schema=schema,
-    )
     return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit,
             "totals": totals_table(schema, md), "ranges": ranges_table(schema, md), "givebacks": givebacks,
-            "inflight": inflight, "jobs": jobs_table(schema, md)}
+            "inflight": inflight_table(schema, md), "jobs": jobs_table(schema, md)}
 
 
 @dataclass
@@ -191,29 +178,12 @@ class State:
         self.ledger, self.checkpoint, self.quarantine, self.audit = t["ledger"], t["checkpoint"], t["quarantine"], t["audit"]
         self.totals = Totals(t["totals"])
         self.ranges = Ranges(t["ranges"])
-        self.givebacks, self.inflight, self.jobs = t["givebacks"], t["inflight"], t["jobs"]
+        self.givebacks, self.jobs = t["givebacks"], t["jobs"]
+        self.inflight = Inflight(t["inflight"])
 
     def all_tables(self) -> list[sa.Table]:
         return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table,
-                self.givebacks, self.inflight, self.jobs]
-
-    # -- keys in flight (move-mode Spark units) ----------------------------------------------
-    def add_inflight(self, conn: sa.Connection, job: str, queue: str, keys: Sequence[Any]) -> str:
-        """Records, in the batch's target transaction, the keys it will consume; returns its id."""
-        batch = uuid.uuid4().hex
-        conn.execute(sa.insert(self.inflight).values(job=job, queue=queue, batch=batch, source_keys=orjson.dumps(list(keys)).decode(),
-                                                     at=naive_utc(utcnow())))
-        return batch
-
-    def read_inflight(self, conn: sa.Connection, job: str, queue: str) -> list[tuple[str, list[Any]]]:
-        """(batch id, keys) of every batch of the queue still in flight, or left by a unit that died."""
-        f = self.inflight
-        rows = conn.execute(sa.select(f.c.batch, f.c.source_keys).where(f.c.job == job, f.c.queue == queue).order_by(f.c.at))
-        return [(b, [pending_key(k) for k in orjson.loads(k)]) for b, k in rows]
-
-    def drop_inflight(self, conn: sa.Connection, job: str, queue: str, batch: str) -> None:
-        f = self.inflight
-        conn.execute(sa.delete(f).where(f.c.job == job, f.c.queue == queue, f.c.batch == batch))
+                self.givebacks, self.inflight.table, self.jobs]
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:
@@ -418,21 +388,5 @@ class State:
             if raw:
                 row["raw"] = orjson.loads(row["raw"])
             row["at"] = row["at"].replace(tzinfo=UTC).isoformat()
-            out.append(row)
-        return out
-
-    def audit_trail(self, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """What was done to a job's quarantined messages, oldest first (raw rows left out)."""
-        a = self.audit
-        if not sa.inspect(conn).has_table(a.name, schema=a.schema):
-            return []  # created by the first replay or discard
-        stmt = sa.select(*(c for c in a.c if c.name not in ("raw", "id"))).where(a.c.job == job).order_by(a.c.at, a.c.id)
-        if ids is not None:
-            stmt = stmt.where(a.c.message_id.in_(list(ids)))
-        out = []
-        for r in conn.execute(stmt).mappings():
-            row = {str(k): v for k, v in r.items()}
-            for k in ("at", "quarantined_at"):
-                row[k] = row[k].replace(tzinfo=UTC).isoformat()
             out.append(row)
         return out

@@ -131,7 +131,7 @@ def test_a_pass_under_way_does_not_read_rows_a_concurrent_rollback_owes(make, tm
 
 @pytest.mark.postgres
 def test_rows_a_concurrent_pass_delivered_and_has_not_consumed_yet_are_not_withdrawn_without_give_back(
-        make, tmp_path: Path, monkeypatch) -> None:
+        make, tmp_path: Path, monkeypatch, capsys) -> None:
     """A rollback has consumed the pending keys (none) when a pass (of a `qbridge run`, or a
     sync that took the job once the rollback's lock session was cut) delivers new rows and
     commits its target transaction; before its legacy commit consumes them, the rollback lists
@@ -166,7 +166,10 @@ def test_rows_a_concurrent_pass_delivered_and_has_not_consumed_yet_are_not_withd
         _wait(marker, proc)  # the 5 new rows delivered, target committed; not consumed yet
 
     monkeypatch.setattr(JobRunner, "_consume_pending", then_a_pass)
-    assert b.cli("rollback", "--job", "job1") == 0
+    # The sync took the job while the rollback's lock was cut: since issue 35 the rollback, which
+    # no longer holds the job, withdraws nothing and says why (its fence).
+    assert b.cli("rollback", "--job", "job1") == 1
+    assert "lost the job's lock" in capsys.readouterr().err
     out, err = procs[0].communicate(timeout=60)
     assert procs[0].returncode == 0, err
     assert b.cli("sync", "--once") == 0

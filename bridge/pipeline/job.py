@@ -167,7 +167,7 @@ class JobSetup:
 
     def inflight_kept(self) -> bool:
         """Whether keys in flight can be recorded and read; a move-mode Spark unit needs them."""
-        return self.kept(self.state.inflight)
+        return self.kept(self.state.inflight.table)
 
     def fenced(self, tconn: sa.Connection) -> None:
         """The last statement of every transaction that writes the job's books (bridge.fence)."""

@@ -10,7 +10,6 @@ import logging
 import time
 from typing import Any
 
-import orjson
 import sqlalchemy as sa
 
 from bridge import faults, giveback
@@ -118,7 +117,7 @@ class Passes(Batch):
         inflight = self.inflight_kept()  # first: it connects, and SQLite's BEGIN IMMEDIATE would wait on tconn
         with self.target_engine.connect() as tconn:
             cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
-            flights = self.state.read_inflight(tconn, self.job.name, queue) if inflight else []
+            flights = self.state.inflight.read(tconn, self.job.name, queue) if inflight else []
         if cp is not None and cp.pending:
             self._consume_checkpoint_pending(queue)
         if flights:
@@ -133,7 +132,6 @@ class Passes(Batch):
         between its two commits holds its rows, so this waits for its consume and finds them
         consumed; units take no checkpoint lock, so nothing waits in a circle."""
         n = 0
-        f = self.state.inflight
         for batch, _ in flights:
             with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
                 stx = sconn.begin()  # first, as a pass's (SQLite takes a file's write lock at BEGIN)
@@ -141,14 +139,13 @@ class Passes(Batch):
                     with tconn.begin():
                         self.state.lock_checkpoint(tconn, self.job.name, queue)
                         self.fenced(tconn)  # held shared to the end: no taker raises the epoch meanwhile
-                        keys = tconn.execute(sa.select(f.c.source_keys).where(
-                            f.c.job == self.job.name, f.c.queue == queue, f.c.batch == batch)).scalar()
+                        keys = self.state.inflight.keys_of(tconn, self.job.name, queue, batch)
                         if keys is None:  # consumed and dropped by its unit or another process since
                             continue
-                        n += self.sources[queue].consume(sconn, [pending_key(k) for k in orjson.loads(keys)])
+                        n += self.sources[queue].consume(sconn, keys)
                         stx.commit()
                         faults.reached("inflight_consumed")
-                        self.state.drop_inflight(tconn, self.job.name, queue, batch)
+                        self.state.inflight.drop(tconn, self.job.name, queue, batch)
                 finally:
                     if stx.is_active:
                         stx.rollback()

@@ -100,7 +100,7 @@ class Units(Passes):
         flight: list[str] = []  # the batch's row in qbridge_inflight, once its target commit went through
         if lock and not self.inflight_kept():
             raise TargetSchemaError(
-                f"the target {self.job.target.connection!r} has no {self.state.inflight.name} table, where a move-mode "
+                f"the target {self.job.target.connection!r} has no {self.state.inflight.table.name} table, where a move-mode "
                 "migration records what its tasks delivered and have not consumed yet (made by `qbridge init` since "
                 "issue 35): run `qbridge init -c CONFIG`")
 
@@ -117,7 +117,7 @@ class Units(Passes):
                         consume = self._deliver(tconn, source, rows, lock, attempt, {} if optimistic else None)
                         # A rollback (or a pass) that runs before the consume below commits must
                         # see these keys as being consumed, not as rows still to deliver.
-                        batch = self.state.add_inflight(tconn, self.job.name, source.queue, consume) if consume else None
+                        batch = self.state.inflight.add(tconn, self.job.name, source.queue, consume) if consume else None
                         self.fenced(tconn)
                         faults.reached("before_target_commit")
                     if batch is not None:
@@ -135,7 +135,7 @@ class Units(Passes):
         self._in_source_tx(source, stats, deliver)
         if flight:
             with self.target_engine.begin() as tconn:
-                self.state.drop_inflight(tconn, self.job.name, source.queue, flight[0])
+                self.state.inflight.drop(tconn, self.job.name, source.queue, flight[0])
         stats.read = len(rows)
         stats.seconds = time.monotonic() - started
         self._log(stats)

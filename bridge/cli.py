@@ -180,8 +180,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             from bridge.db import engine_for
             from bridge.state import State
 
-            claimed = {(j.name, q) for j in config.jobs for q in j.source.queues}
-            for j, q, n in unclaimed(engine_for(p.url), State(p.schema), claimed):
+            for j, q, n in unclaimed(engine_for(p.url), State(p.schema), config.jobs):
                 err.print(f"warning: {unclaimed_advice(j, q, n)}", markup=False, highlight=False)
         added = [e for e in existing if "(index" in e]
         out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
@@ -293,14 +292,13 @@ def unclaimed_givebacks(config: Any, runners: list[JobRunner]) -> list[tuple[str
     """Owed give-backs no job of the config can finish, per target state schema, with the advice."""
     from bridge.giveback import unclaimed, unclaimed_advice
 
-    claimed = {(j.name, q) for j in config.jobs for q in j.source.queues}
     out, seen = [], set()
     for r in runners:
         where = (r.job.target.connection, r.state.givebacks.schema)
         if where in seen:
             continue
         seen.add(where)
-        out += [(j, q, n, unclaimed_advice(j, q, n)) for j, q, n in unclaimed(r.target_engine, r.state, claimed)]
+        out += [(j, q, n, unclaimed_advice(j, q, n)) for j, q, n in unclaimed(r.target_engine, r.state, config.jobs)]
     return out
 
 

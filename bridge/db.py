@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -80,18 +81,24 @@ def _create(url: str) -> sa.Engine:
     return engine
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file a SQLite URL names, resolved (None: not SQLite, or in memory)."""
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        return Path(parsed.database).resolve()
+    return None
+
+
 def read_only_engine(url: str, missing_ok: bool = False) -> sa.Engine:
     """An engine of its own for commands that only read (preview, discover): no BEGIN IMMEDIATE
     on SQLite, which would lock the legacy writers out, and read-only transactions on PostgreSQL.
     A SQLite file is opened read-only, so one that is not there is an error, not a new empty file;
     `missing_ok`: an empty database in memory instead (a target `init` has not made yet).
     The caller disposes of it."""
-    parsed = sa.engine.make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+    path = sqlite_file(url)
+    if path is not None:
         import sqlite3
-        from pathlib import Path
 
-        path = Path(parsed.database).resolve()
         if missing_ok and not path.exists():
             return sa.create_engine("sqlite://")
         return sa.create_engine("sqlite://", creator=lambda: sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True))

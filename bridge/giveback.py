@@ -26,7 +26,7 @@ A row whose destination is gone by then is quarantined as above."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -169,9 +169,10 @@ def _attempting(runner: Any, queue: str, chunk: int) -> bool:
     return bool(keys)
 
 
-def unclaimed(engine: sa.Engine, state: State, claimed: set[tuple[str, str]]) -> list[tuple[str, str, int]]:
-    """(job, queue, rows) owed back by a rollback of a job or queue no longer in the config (renamed
-    or removed after a rollback was killed): no pass of the config will ever give them back."""
+def unclaimed(engine: sa.Engine, state: State, jobs: Sequence[Any]) -> list[tuple[str, str, int]]:
+    """(job, queue, rows) owed back by a rollback of a job or queue that none of `jobs` (a config's
+    JobConfigs) has (renamed or removed after a rollback was killed): no pass will give them back."""
+    claimed = {(j.name, q) for j in jobs for q in j.source.queues}
     g = state.givebacks
     with engine.connect() as conn:
         if not sa.inspect(conn).has_table(g.name, schema=g.schema):

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
+from bridge.model import pending_key
 from bridge.timefmt import naive_utc, utcnow
 
 INFLIGHT = "qbridge_inflight"
@@ -34,11 +35,6 @@ def inflight_table(schema: str | None, metadata: sa.MetaData | None = None) -> s
         sa.Column("at", sa.DateTime(), nullable=False),
         schema=schema,
     )
-
-
-def _key(key: Any) -> Any:
-    """A key as it compares after a trip through JSON (tuples become lists), as state.pending_key."""
-    return tuple(key) if isinstance(key, list | tuple) else key
 
 
 class Inflight:
@@ -58,13 +54,18 @@ class Inflight:
         """(batch id, keys) of every batch of the queue still in flight, or left by a unit that died."""
         f = self.table
         rows = conn.execute(sa.select(f.c.batch, f.c.source_keys).where(f.c.job == job, f.c.queue == queue).order_by(f.c.at))
-        return [(b, [_key(k) for k in orjson.loads(k)]) for b, k in rows]
+        return [(b, [pending_key(k) for k in orjson.loads(k)]) for b, k in rows]
+
+    def batches(self, conn: sa.Connection, job: str, queue: str) -> list[str]:
+        """The ids of the queue's batches in flight, oldest first (their keys are read one at a time: keys_of)."""
+        f = self.table
+        return list(conn.execute(sa.select(f.c.batch).where(f.c.job == job, f.c.queue == queue).order_by(f.c.at)).scalars())
 
     def keys_of(self, conn: sa.Connection, job: str, queue: str, batch: str) -> list[Any] | None:
         """The keys of one batch, None when it is no longer in flight."""
         f = self.table
         text = conn.execute(sa.select(f.c.source_keys).where(f.c.job == job, f.c.queue == queue, f.c.batch == batch)).scalar()
-        return None if text is None else [_key(k) for k in orjson.loads(text)]
+        return None if text is None else [pending_key(k) for k in orjson.loads(text)]
 
     def drop(self, conn: sa.Connection, job: str, queue: str, batch: str) -> None:
         f = self.table

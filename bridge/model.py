@@ -21,6 +21,12 @@ Intent = Literal["Send", "Publish", "Reply"]
 # The longest source key the ledger holds (its source_key column); a longer one is kept as its
 # digest (ledger_safe_key).
 LEDGER_KEY_MAX = 200
+
+
+def pending_key(key: object) -> object:
+    """A source key as it compares after a trip through JSON (the checkpoint's pending list,
+    qbridge_inflight): tuples become lists, and back."""
+    return tuple(key) if isinstance(key, list | tuple) else key
 MESSAGE_ID_NAMESPACE = uuid.UUID("4f1c2a7e-9b3d-5c8e-a1f0-6d2b7e9c3a51")
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import orjson
 import sqlalchemy as sa
 from rich.table import Table
 
 from bridge.cli_common import out, runners_of
-from bridge.db import read_only_engine
+from bridge.db import read_only_engine, sqlite_file
 from bridge.errors import SourceSchemaError
 from bridge.preview import JobPreview, preview
 
@@ -22,9 +21,9 @@ def missing_tables(config, job) -> list[str]:
 
     missing = []
     for p in provision.plan(config, [job]):
-        url = sa.engine.make_url(p.url)
-        if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
-            missing.append(f"{p.connection}: the database file {Path(url.database).resolve()} itself")
+        path = sqlite_file(p.url)
+        if path is not None and not path.exists():
+            missing.append(f"{p.connection}: the database file {path} itself")
         engine = read_only_engine(p.url, missing_ok=True)
         try:
             with engine.connect() as conn:
@@ -40,10 +39,9 @@ def missing_files(config, jobs) -> list[str]:
     out = []
     for job in jobs:
         for role, name in (() if job.reverse else (("legacy", job.source.connection),)):  # a proxy queue's: made by init
-            url = sa.engine.make_url(config.connections[name])
-            if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:" \
-                    and not Path(url.database).exists():
-                line = f"connection {name!r} ({role} of job {job.name!r}): no SQLite database at {Path(url.database).resolve()}"
+            path = sqlite_file(config.connections[name])
+            if path is not None and not path.exists():
+                line = f"connection {name!r} ({role} of job {job.name!r}): no SQLite database at {path}"
                 if line not in out:
                     out.append(line)
     return out

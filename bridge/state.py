@@ -20,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 from bridge.fence import jobs_table
 from bridge.inflight import Inflight, inflight_table
 from bridge.ledger_ranges import Ranges, ranges_table
-from bridge.model import LEDGER_KEY_MAX
+from bridge.model import LEDGER_KEY_MAX, pending_key
 from bridge.pipeline.gaps import Gap
 from bridge.targets.bulk import insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
@@ -134,11 +134,6 @@ class Checkpoint:
     last_run_at: datetime | None = None
     last_delivery_at: datetime | None = None
     lag_seconds: float | None = None
-
-
-def pending_key(key: Any) -> Any:
-    """A source key as it compares after a trip through the checkpoint's JSON (tuples become lists)."""
-    return tuple(key) if isinstance(key, list | tuple) else key
 
 
 def merge_pending(pending: Sequence[Any], keys: Sequence[Any]) -> list[Any]:

@@ -117,13 +117,13 @@ class Passes(Batch):
         inflight = self.inflight_kept()  # first: it connects, and SQLite's BEGIN IMMEDIATE would wait on tconn
         with self.target_engine.connect() as tconn:
             cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
-            flights = self.state.inflight.read(tconn, self.job.name, queue) if inflight else []
+            flights = self.state.inflight.batches(tconn, self.job.name, queue) if inflight else []
         if cp is not None and cp.pending:
             self._consume_checkpoint_pending(queue)
         if flights:
             self._consume_inflight(queue, flights)
 
-    def _consume_inflight(self, queue: str, flights: list[tuple[str, list[Any]]]) -> None:
+    def _consume_inflight(self, queue: str, flights: list[str]) -> None:
         """Consumes the keys of Spark units' batches that committed in the target, each as
         `_consume_checkpoint_pending` does its keys: under the checkpoint's lock (which a
         rollback's withdrawal and give-back take), the batch's row read again (a list read
@@ -132,7 +132,7 @@ class Passes(Batch):
         between its two commits holds its rows, so this waits for its consume and finds them
         consumed; units take no checkpoint lock, so nothing waits in a circle."""
         n = 0
-        for batch, _ in flights:
+        for batch in flights:
             with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
                 stx = sconn.begin()  # first, as a pass's (SQLite takes a file's write lock at BEGIN)
                 try:

@@ -215,13 +215,8 @@ def test_init_and_rollback_print_the_marks_table_for_a_dba(tmp_path: Path, capsy
     assert "INSERT INTO dbo.qbridge_givebacks" in sql and MARKS in sql
 
 
-@pytest.mark.postgres
-def test_a_message_whose_mapping_dropped_what_rebuilding_it_needs_stays_delivered(request, tmp_path: Path,
-                                                                                  pg_server: str, pg_schema: str,
-                                                                                  capsys) -> None:
-    from test_openjms_source import MAPPING
-
-    mapping = MAPPING + '\n[headers.drop]\nnames = ["JMS.PropertyTypes", "JMS.BodyKind"]\n'
+def _one_moved(request, tmp_path: Path, pg_server: str, pg_schema: str, mapping: str) -> Jms:
+    """A move-mode OpenJMS queue on PostgreSQL with `mapping`, whose one message was delivered and consumed."""
     j = Jms(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, system="openjms",
             queues=["orders"], mapping=mapping, mode="move")
     j.seed()
@@ -229,6 +224,17 @@ def test_a_message_whose_mapping_dropped_what_rebuilding_it_needs_stays_delivere
     assert j.cli("init") == 0
     j.queue_message("ID:m-1")
     assert j.cli("sync", "--once") == 0
+    return j
+
+
+@pytest.mark.postgres
+def test_a_message_whose_mapping_dropped_what_rebuilding_it_needs_stays_delivered(request, tmp_path: Path,
+                                                                                  pg_server: str, pg_schema: str,
+                                                                                  capsys) -> None:
+    from test_openjms_source import MAPPING
+
+    mapping = MAPPING + '\n[headers.drop]\nnames = ["JMS.PropertyTypes", "JMS.BodyKind"]\n'
+    j = _one_moved(request, tmp_path, pg_server, pg_schema, mapping)
     capsys.readouterr()
     assert j.cli("rollback", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
@@ -258,13 +264,7 @@ def test_a_property_the_mapping_dropped_keeps_the_message_delivered_with_the_rea
     from test_openjms_source import MAPPING
 
     mapping = MAPPING + '\n[headers.drop]\nnames = ["JMS.Property.quantity"]\n'
-    j = Jms(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, system="openjms",
-            queues=["orders"], mapping=mapping, mode="move")
-    j.seed()
-    request.addfinalizer(j.dispose)
-    assert j.cli("init") == 0
-    j.queue_message("ID:m-1")
-    assert j.cli("sync", "--once") == 0
+    j = _one_moved(request, tmp_path, pg_server, pg_schema, mapping)
     [row] = j.rows("Orders")
     assert "quantity" in row["headers"]["JMS.PropertyTypes"] and "JMS.Property.quantity" not in row["headers"]
     capsys.readouterr()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from bridge.samples import biztalk_store
+from bridge.demo.samples import biztalk_store
 
 PG = "postgresql+psycopg://127.0.0.1/test"
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "biztalk"
@@ -67,9 +67,9 @@ def main() -> None:
         (work / "mapping.toml").write_text('[routes]\n"*" = "Orders"\n')
         cfg = work / "bt.toml"
         cfg.write_text(CONFIG.format(pg=args.pg, host=HOST, src=SRC, tgt=TGT))
-        subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(cfg)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "bridge.commands.main", "init", "-c", str(cfg)], check=True, capture_output=True)
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "bridge.cli", "sync", "--once", "-c", str(cfg)], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "--once", "-c", str(cfg)], capture_output=True, text=True)
         seconds = time.perf_counter() - started
     if done.returncode:
         sys.exit(done.stderr[-2000:])

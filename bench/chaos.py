@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from nsb_endpoint import Endpoint  # noqa: E402
 from pgproxy import FaultProxy  # noqa: E402
-from test_reverse_nginn import TwoWay  # noqa: E402
+from tests.systems.test_reverse_nginn import TwoWay  # noqa: E402
 
-from bridge.samples import nginn_row  # noqa: E402
+from bridge.demo.samples import nginn_row  # noqa: E402
 
 PG = os.environ.get("QBRIDGE_BENCH_PG", "postgresql+psycopg://127.0.0.1/test")
 LEGACY, NSB = "qchaos_legacy", "qchaos_nsb"
@@ -125,7 +125,7 @@ class Bridge:
         self.log = (work / "run.log").open("ab")
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "-c", str(self.config)], cwd=self.work,
+        self.proc = subprocess.Popen([sys.executable, "-m", "bridge.commands.main", "run", "-c", str(self.config)], cwd=self.work,
                                      stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:

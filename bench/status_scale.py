@@ -36,7 +36,7 @@ _spec.loader.exec_module(bench)
 from bridge.config import load_config  # noqa: E402
 from bridge.model import queue_origin  # noqa: E402
 from bridge.pipeline.loop import JobRunner  # noqa: E402
-from bridge.reconcile import status, verify  # noqa: E402
+from bridge.lifecycle.verify import status, verify  # noqa: E402
 
 PG, SRC, TGT, QUEUE = bench.PG, bench.SRC, "qstatus_tgt", bench.QUEUE
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from bridge.cli import main
+from bridge.commands.main import main
 
 if __name__ == "__main__":  # not when a worker process (preview's slices) imports it
     sys.exit(main())

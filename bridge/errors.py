@@ -65,5 +65,5 @@ class JobBusy(BridgeError):
 
 class LockLost(BridgeError):
     """This process no longer holds a job's lock (its session ended, and another may have taken
-    the job): it commits nothing more for that job (bridge.fence). Not retryable as it is: the
+    the job): it commits nothing more for that job (bridge.ledger.fence). Not retryable as it is: the
     job's lock must be taken again first."""

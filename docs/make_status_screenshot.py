@@ -23,8 +23,8 @@ from zoneinfo import ZoneInfo
 
 import sqlalchemy as sa
 
-from bridge.demo import MAPPING
-from bridge.samples import create_nginn_queue, nginn_row
+from bridge.demo.run import MAPPING
+from bridge.demo.samples import create_nginn_queue, nginn_row
 
 PG = os.environ.get("QBRIDGE_BENCH_PG_URL", "postgresql+psycopg://127.0.0.1/test")
 SCHEMA, NSB = "qstatus_legacy", "qstatus_nsb"
@@ -60,12 +60,12 @@ mapping  = "mapping.toml"
 mode     = "move"
 schedule = {{ every = "2s" }}
 """)
-    subprocess.run([sys.executable, "-m", "bridge.cli", "init", "-c", str(config)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "bridge.commands.main", "init", "-c", str(config)], check=True, capture_output=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp / "run.log", "wb")
-    run = subprocess.Popen([sys.executable, "-m", "bridge.cli", "run", "-c", str(config), "--listen", f"127.0.0.1:{port}"],
+    run = subprocess.Popen([sys.executable, "-m", "bridge.commands.main", "run", "-c", str(config), "--listen", f"127.0.0.1:{port}"],
                            stderr=log)
     try:
         start, n = time.monotonic(), 0

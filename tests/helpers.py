@@ -15,11 +15,11 @@ from zoneinfo import ZoneInfo
 import orjson
 import sqlalchemy as sa
 
-from bridge.cli import main as cli_main
+from bridge.commands.main import main as cli_main
 from bridge.config import load_config
-from bridge.demo import MAPPING as DEMO_MAPPING
+from bridge.demo.run import MAPPING as DEMO_MAPPING
 from bridge.pipeline.loop import JobRunner
-from bridge.samples import create_nginn_queue, nginn_row
+from bridge.demo.samples import create_nginn_queue, nginn_row
 
 TZ = "Europe/Warsaw"
 
@@ -153,7 +153,7 @@ late_commit_window = "{self.window}"
         return JobRunner(config, config.jobs[0])
 
     def spawn_args(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "bridge.cli", args[0], "-c", str(self.config), *args[1:]]
+        return [sys.executable, "-m", "bridge.commands.main", args[0], "-c", str(self.config), *args[1:]]
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.spawn_args(*args), env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
@@ -205,7 +205,7 @@ def unfold_ranges(b: Bridge) -> int:
     """Makes a ledger look like one an earlier qbridge made: every NGinn key an entry of its own,
     no range ledger. Returns how many entries it wrote."""
     from bridge.model import message_ids
-    from bridge.state import LEDGER_COLUMNS
+    from bridge.ledger.state import LEDGER_COLUMNS
 
     runner = b.runner()
     state, job = runner.state, runner.job.name

@@ -186,3 +186,20 @@ def stream_bytes(values: list[dict[str, Any]]) -> bytes:
             tag, fmt = _STREAM_TAGS[kind]
             out += bytes((tag,)) + struct.pack(fmt, v["value"])
     return bytes(out)
+
+def typed_value(kind: str, text: str) -> dict[str, Any]:
+    """A property's text (as the OpenJMS source wrote it) as its Java type again."""
+    try:
+        if kind in ("java.lang.Integer", "java.lang.Long", "java.lang.Short", "java.lang.Byte"):
+            return {"type": kind, "value": int(text)}
+        if kind in ("java.lang.Double", "java.lang.Float"):
+            return {"type": kind, "value": float(text)}
+        if kind == "java.lang.Boolean":
+            return {"type": kind, "value": text == "true"}
+        if kind == "java.lang.Character" and len(text) == 1:
+            return {"type": kind, "value": text}
+        if kind == "byte[]":
+            return {"type": kind, "base64": text}
+    except ValueError:
+        pass
+    return {"type": "java.lang.String", "value": text}

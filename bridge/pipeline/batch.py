@@ -14,12 +14,12 @@ from sqlalchemy import exc as sa_exc
 
 from bridge.db import unique_violation
 from bridge.errors import BadRow
-from bridge.ledger_ranges import AlreadyRecorded
+from bridge.ledger.ranges import AlreadyRecorded
 from bridge.model import PlainMessage, message_ids
 from bridge.pipeline.job import JobSetup, LedgerConflict
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
-from bridge.state import LedgerEntry, Quarantined
+from bridge.ledger.state import LedgerEntry, Quarantined
 from bridge.targets.base import Skipped, Target
 from bridge.timefmt import utcnow
 

@@ -11,21 +11,22 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from bridge import giveback
+from bridge.ledger import giveback
 from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for
 from bridge.errors import RetryableError, TargetSchemaError
-from bridge.fence import Fence
+from bridge.ledger.fence import Fence
 from bridge.identifiers import url_identity
-from bridge.ledger_upgrade import require_current
+from bridge.ledger.upgrade import require_current
 from bridge.model import message_id_for, message_ids, queue_origin
 from bridge.pipeline.stats import PassStats
-from bridge.ranges_upgrade import unfolded
+from bridge.ledger.ranges_upgrade import unfolded
 from bridge.sources import Source, SourceRow, Subscription, source_class
-from bridge.state import State
+from bridge.ledger.state import State
 from bridge.targets import target_class
 from bridge.targets.base import Target
-from bridge.targets.nservicebus_target import NServiceBusTarget, transport_tables
+from bridge.schemas.nservicebus import transport_tables
+from bridge.targets.nservicebus import NServiceBusTarget
 from bridge.targets.writer import TargetWriter
 
 log = logging.getLogger("qbridge.batch")
@@ -76,7 +77,7 @@ class JobSetup:
         self._ready: set[str] = set()
         self._ledger_checked = False
         self._kept: dict[str, bool] = {}  # which of the later state tables the target has (kept())
-        # The fencing epoch of the job's lock, when this process holds it (bridge.fence): every
+        # The fencing epoch of the job's lock, when this process holds it (bridge.ledger.fence): every
         # transaction that writes the job's books checks it last. None: not checked (tests that
         # drive a runner directly; quarantine replay, which serialises on the checkpoint row).
         self.fence: Fence | None = None
@@ -170,7 +171,7 @@ class JobSetup:
         return self.kept(self.state.inflight.table)
 
     def fenced(self, tconn: sa.Connection) -> None:
-        """The last statement of every transaction that writes the job's books (bridge.fence)."""
+        """The last statement of every transaction that writes the job's books (bridge.ledger.fence)."""
         if self.fence is not None:
             self.fence.check(tconn)
 

@@ -12,15 +12,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bridge import faults, giveback
+from bridge import faults
+
+from bridge.ledger import giveback
 from bridge.pipeline.batch import Batch
 from bridge.pipeline.job import LedgerConflict
-from bridge.pipeline.gaps import Gap, expire, fill, holes
+from bridge.ledger.gaps import Gap, expire, fill, holes
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
 from bridge.sources import Source, SourceRow
-from bridge.state import merge_pending, pending_key
+from bridge.ledger.state import merge_pending, pending_key
 from bridge.timefmt import utcnow
-from bridge.totals import FOLD_EVERY
+from bridge.ledger.totals import FOLD_EVERY
 
 log = logging.getLogger("qbridge.batch")
 

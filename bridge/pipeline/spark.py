@@ -26,11 +26,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bridge import faults
 from bridge.config import Config
 from bridge.errors import BridgeError, LockLost, MigrationFailed
-from bridge.fence import Fence
+from bridge.ledger.fence import Fence
 from bridge.pipeline import gc_policy
 # spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
 from bridge.pipeline.spark_context import TASK_ATTEMPTS, _jvm, local_slots, spark_context, stop_spark  # noqa: F401
-from bridge.pipeline.gaps import Gap
+from bridge.ledger.gaps import Gap
 from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
 from bridge.retry import with_backoff
 

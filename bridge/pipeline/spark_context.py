@@ -34,7 +34,7 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
 
         raise DriverMissing("Spark needs a Java runtime (17 or later) and finds none; install one "
                             "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
-    log4j = Path(__file__).resolve().parent.parent / "spark_conf" / "log4j2.properties"
+    log4j = Path(__file__).resolve().parent / "spark_conf" / "log4j2.properties"
     # C1 only: the driver JVM schedules tasks and relays rows, a few per cent of the CPU; the C2
     # compiler's warm-up cost more (start 3.7 -> 3.0 s, both cores busy meanwhile).
     java_options = f"-Dlog4j2.configurationFile={log4j.as_uri()} -XX:TieredStopAtLevel=1"

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from bridge.pipeline.gaps import Gap
+from bridge.ledger.gaps import Gap
 
 SCAN_CHUNK = 10_000  # keys a scan pass (or verify) holds at once
 

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from bridge import faults
 from bridge.errors import TargetSchemaError
 from bridge.pipeline.job import LedgerConflict
-from bridge.pipeline.gaps import Gap, holes
+from bridge.ledger.gaps import Gap, holes
 from bridge.pipeline.passes import Passes
 from bridge.pipeline.stats import PassStats, RangeResult
 from bridge.retry import with_backoff

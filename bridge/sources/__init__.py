@@ -1,4 +1,9 @@
-"""The source registry: system name -> "module:Class", imported when first asked for."""
+"""Reading each system's queue tables into canonical messages, one module per system (with its
+rollback give-back beside it), and the source registry: system name -> "module:Class",
+imported when first asked for. A new system is a module here plus its codecs (docs/architecture.md).
+
+May import: core, codecs, schemas.
+"""
 
 from __future__ import annotations
 

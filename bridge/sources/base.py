@@ -39,7 +39,7 @@ class Source:
     # "queue": every row read is consumed, so each pass reads the head of the queue (move only).
     cursor: ClassVar[str] = "monotonic"
     # Raw-row columns that identify a message: an operator's edit before a replay may not change
-    # them (bridge.quarantine.QuarantineDesk.replay_edited), nor the key the ledger has it under.
+    # them (bridge.lifecycle.quarantine.QuarantineDesk.replay_edited), nor the key the ledger has it under.
     identity_fields: ClassVar[frozenset[str]] = frozenset()
     # Move mode takes quarantined rows out of the source too (they are kept in qbridge's
     # quarantine). Only for sources where a row left behind would be read again for ever.
@@ -91,7 +91,7 @@ class Source:
 
     def may_come_back(self, conn: sa.Connection, keys: Sequence[str]) -> set[str]:
         """Scan sources: the ledger keys among `keys` whose row is there, or gone but able to come
-        back (their ledger entries must stay: bridge.prune). By default a row gone is gone for
+        back (their ledger entries must stay: bridge.lifecycle.prune). By default a row gone is gone for
         good: an OpenJMS handle is deleted only when acknowledged, and OpenJMS never inserts it
         again (only a move-mode give-back does, after the withdrawal removed the entry)."""
         return {self.ledger_key(row) for row in self.fetch_keys(conn, keys, False)}
@@ -134,14 +134,14 @@ class Source:
         raise NotImplementedError
 
     def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
-        """Gives the owed rows (bridge.giveback.Owed) back, in the caller's legacy transaction,
+        """Gives the owed rows (bridge.ledger.giveback.Owed) back, in the caller's legacy transaction,
         touching only rows still as move mode left them (so a second call after a crash changes
         nothing); returns the keys whose row is gone, and how many rows it gave back."""
         raise NotImplementedError
 
     # Set where the legacy receiver deletes what it consumes (OpenJMS, BizTalk): a give-back
     # re-inserts the row from the message the job delivered (give_back_delivered), and a mark in
-    # the legacy database tells a later attempt that an earlier one committed (bridge.giveback_marks).
+    # the legacy database tells a later attempt that an earlier one committed (bridge.ledger.giveback_marks).
     marks_give_backs: ClassVar[bool] = False
 
     def give_back_delivered(self, conn: sa.Connection, key: str, table: str, delivered: dict[str, Any]
@@ -187,13 +187,13 @@ class Source:
 
     def raw(self, row: SourceRow) -> dict[str, Any]:
         """The row as JSON-safe values, kept with a quarantined message so nothing is lost."""
-        from bridge.jsonsafe import json_safe
+        from bridge.codecs.jsonsafe import json_safe
 
         return {str(k): json_safe(v) for k, v in row.values.items()}
 
     def from_raw(self, raw: dict[str, Any], ledger_key: str) -> SourceRow:
         """The row a quarantined message was read from, rebuilt from what `raw` kept (replay)."""
-        from bridge.jsonsafe import restore
+        from bridge.codecs.jsonsafe import restore
 
         return SourceRow(key=ledger_key, consumable=True,
                          values={k: restore(v, k in self.time_columns) for k, v in raw.items()})

@@ -21,7 +21,7 @@ from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, Part
 from bridge.sources import biztalk_giveback
 from bridge.sources.base import tuple_after, ScanSource, SourceRow, Subscription
-from bridge.sources.biztalk_schema import OTHER_PREDICATES, tables
+from bridge.schemas.biztalk import OTHER_PREDICATES, tables
 from bridge.timefmt import local_to_utc, utcnow, zone
 
 SYSTEM_NS = "http://schemas.microsoft.com/BizTalk/2003/system-properties"
@@ -206,7 +206,7 @@ class BizTalkSource(ScanSource):
                     *(sa.and_(q.c.uidMessageID == m, q.c.uidInstanceID == i) for m, i in chunk)))).rowcount
         return done
 
-    # -- giving consumed entries back (move-mode rollback: bridge.giveback, biztalk_giveback) --
+    # -- giving consumed entries back (move-mode rollback: bridge.ledger.giveback, biztalk_giveback) --
     gives_back: ClassVar[bool] = True
     marks_give_backs: ClassVar[bool] = True
 

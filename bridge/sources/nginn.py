@@ -15,7 +15,7 @@ from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.identifiers import check_fits
 from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
-from bridge.sources import nginn_codec as codec
+from bridge.codecs import nginn as codec
 from bridge.sources.base import Source, SourceRow, Subscription
 from bridge.timefmt import LocalClock, utcnow, zone
 
@@ -185,7 +185,7 @@ class NGinnSource(Source):
                                  .values(subqueue="X", last_processed=now_local)).rowcount
         return done
 
-    # -- giving consumed rows back (move-mode rollback, bridge.giveback) ---------------------
+    # -- giving consumed rows back (move-mode rollback, bridge.ledger.giveback) ---------------------
     gives_back: ClassVar[bool] = True
 
     def give_back_payload(self, row: SourceRow, table: str, lands_in: Any) -> tuple[str, dict[str, Any] | None]:
@@ -211,7 +211,7 @@ class NGinnSource(Source):
         return "owed", {"subqueue": fits[0], "raw": self.raw(row)}
 
     def give_back(self, conn: sa.Connection, owed: Sequence[Any]) -> tuple[list[str], int]:
-        from bridge.jsonsafe import json_safe
+        from bridge.codecs.jsonsafe import json_safe
 
         t = self.table
         ids = [int(o.key) for o in owed]

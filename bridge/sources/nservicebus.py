@@ -25,7 +25,7 @@ from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, ledger_safe_key
 from bridge.sources.base import Source, SourceRow
-from bridge.targets.nservicebus_target import transport_tables
+from bridge.schemas.nservicebus import transport_tables
 from bridge.timefmt import UTC, from_wire, utcnow
 
 MESSAGE_ID = "NServiceBus.MessageId"
@@ -129,7 +129,7 @@ class NServiceBusSource(Source):
         return values
 
     def from_raw(self, raw: dict[str, Any], ledger_key: str) -> SourceRow:
-        from bridge.jsonsafe import restore
+        from bridge.codecs.jsonsafe import restore
 
         values = {k: restore(v, k in ("expires", "due")) for k, v in raw.items()}
         kind = QUEUE if values.get("table") == self.queue_table.name else DELAYED
@@ -210,7 +210,7 @@ class NServiceBusSource(Source):
         )
 
     def raw(self, row: SourceRow) -> dict[str, Any]:
-        from bridge.jsonsafe import json_safe
+        from bridge.codecs.jsonsafe import json_safe
 
         return {k: json_safe(val) for k, val in row.values.items() if not k.startswith("_")}
 

@@ -24,8 +24,8 @@ from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.sources import openjms_giveback
 from bridge.sources.base import ScanSource, SourceRow, Subscription
-from bridge.sources.openjms_schema import SCHEMA_VERSION, is_queue, tables
-from bridge.targets.echo import ECHO_HEADER
+from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
+from bridge.codecs.echo import ECHO_HEADER
 from bridge.timefmt import UTC, utcnow
 
 DEFAULT_TYPES = {"Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage"}
@@ -223,7 +223,7 @@ class OpenJMSSource(ScanSource):
                 conn.execute(sa.delete(m).where(m.c.messageid.in_(free)))
         return done
 
-    # -- giving consumed handles back (move-mode rollback: bridge.giveback, openjms_giveback) --
+    # -- giving consumed handles back (move-mode rollback: bridge.ledger.giveback, openjms_giveback) --
     gives_back: ClassVar[bool] = True
     marks_give_backs: ClassVar[bool] = True
 

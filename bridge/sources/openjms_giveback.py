@@ -21,9 +21,8 @@ import orjson
 import sqlalchemy as sa
 
 from bridge.codecs.openjms_blob import PKG, JmsMessage
-from bridge.codecs.openjms_encode import encode
+from bridge.codecs.openjms_encode import encode, typed_value
 from bridge.sources.base import SourceRow, delivered_headers
-from bridge.targets.openjms import typed_value
 from bridge.timefmt import UTC
 
 BODY_KINDS = ("Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage")

@@ -1,4 +1,9 @@
-"""The target registry: system name -> "module:Class", imported when first asked for."""
+"""Writing canonical messages into each system's tables, one module per system (the envelope,
+writer and bulk helpers of the NServiceBus side beside it), and the target registry: system
+name -> "module:Class", imported when first asked for.
+
+May import: core, codecs, schemas, sources.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ if TYPE_CHECKING:
     from bridge.targets.base import Target
 
 REGISTRY: dict[str, str] = {
-    "nservicebus": "bridge.targets.nservicebus_target:NServiceBusTarget",
+    "nservicebus": "bridge.targets.nservicebus:NServiceBusTarget",
     "nginn": "bridge.targets.nginn:NGinnTarget",
     "openjms": "bridge.targets.openjms:OpenJMSTarget",
     "biztalk": "bridge.targets.biztalk:BizTalkTarget",

@@ -24,7 +24,7 @@ from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.targets.echo import ECHO_HEADER, source_tag
+from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules
 from bridge.timefmt import naive_utc
 

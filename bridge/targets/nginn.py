@@ -21,12 +21,12 @@ from bridge.errors import BadRow, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
-from bridge.sources import nginn_codec as codec
+from bridge.codecs import nginn as codec
 from bridge.sources.base import Subscription
 from bridge.sources.nginn import live_subscriptions, queue_table
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.targets.echo import ECHO_HEADER, source_tag
+from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules
 from bridge.timefmt import utcnow, zone
 

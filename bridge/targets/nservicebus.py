@@ -1,215 +1,60 @@
-"""NServiceBus SQL-transport tables, both flavors, as the transports create them.
-
-Facts: reference/nservicebus-target.md §1 (SQL Server: queue heap with a non-clustered
-RowVersion index, `<queue>.Delayed`, `SubscriptionRouting`) and §2 (PostgreSQL: lower-case
-unquoted columns, quoted table names, `seq serial`, `Due timestamptz`).
-"""
+"""The NServiceBus target of a forward job: transport tables, routing and headers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import ClassVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mssql
-from sqlalchemy.schema import CreateIndex, CreateTable
-from sqlalchemy.types import UserDefinedType
 
-DELAYED_SUFFIX = "Delayed"
-SUBSCRIPTION_TABLE = "SubscriptionRouting"
-
-
-class _Serial(UserDefinedType):
-    """PostgreSQL `serial` on a column that is not the primary key, as the transport declares `Seq`."""
-
-    cache_ok = True
-
-    def get_col_spec(self, **kw: object) -> str:
-        return "SERIAL"
+from bridge.config import JobConfig
+from bridge.identifiers import url_identity
+from bridge.mapping import Mapping
+from bridge.model import CanonicalMessage, PlainMessage
+from bridge.targets.base import Skipped, Target
+from bridge.targets.envelope import Outgoing, envelope, plain_envelope
+from bridge.schemas.nservicebus import TargetTables, transport_tables
+from bridge.targets.writer import TargetWriter
 
 
-def _nvarchar_max() -> sa.types.TypeEngine:
-    return sa.UnicodeText().with_variant(mssql.NVARCHAR(None), "mssql")
 
+class NServiceBusTarget(Target):
+    system: ClassVar[str] = "nservicebus"
 
-def _varbinary_max() -> sa.types.TypeEngine:
-    return sa.LargeBinary().with_variant(mssql.VARBINARY("max"), "mssql")
-
-
-def _row_version(name: str, backend: str) -> sa.Column:
-    if backend == "sqlite":  # only INTEGER PRIMARY KEY auto-numbers in SQLite
-        return sa.Column(name, sa.Integer, primary_key=True, autoincrement=True)
-    return sa.Column(name, sa.BigInteger, sa.Identity(start=1, increment=1), nullable=False)
-
-
-@dataclass
-class TargetTables:
-    """The transport tables of one target (flavor, schema, backend) in one MetaData."""
-
-    flavor: str
-    schema: str
-    backend: str  # SQLAlchemy backend name of the target connection
-    catalog: str | None = None
-    metadata: sa.MetaData = field(default_factory=sa.MetaData)
-
-    def _get(self, name: str) -> sa.Table | None:
-        key = f"{self.schema}.{name}" if self.schema and self.backend != "sqlite" else name
-        return self.metadata.tables.get(key)
+    def __init__(self, job: JobConfig, url: str, mapping: Mapping) -> None:
+        super().__init__(job, url, mapping)
+        t = job.target
+        assert t.flavor is not None  # config validation requires it for NServiceBus targets
+        self.transport = transport_tables(t.flavor, t.schema_name, url, t.catalog)
+        self.writer = TargetWriter(self.transport)
+        self.identity = t.database or url_identity(url)
 
     @property
-    def table_schema(self) -> str | None:
-        return None if self.backend == "sqlite" else self.schema
+    def state_schema(self) -> str | None:
+        return self.transport.table_schema
 
-    def _fits(self, name: str) -> None:
-        from bridge.errors import TargetSchemaError
-        from bridge.identifiers import check_fits
+    def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> Outgoing | Skipped:
+        return envelope(msg, self.mapping, self.transport, self.job.target, translated, self.identity)
 
-        try:
-            check_fits(name, self.backend, "target table")
-        except ValueError as e:
-            raise TargetSchemaError(f"{e}; route to a shorter queue name") from None
+    def plain_envelope(self, msg: PlainMessage, translated: frozenset[str]) -> Outgoing | Skipped | None:
+        return plain_envelope(msg, self.mapping, self.transport, self.job.target, translated)
 
-    def queue(self, name: str) -> sa.Table:
-        found = self._get(name)
-        if found is not None:
-            return found
-        self._fits(name)
-        return self._pg_queue(name) if self.flavor == "postgresql" else self._mssql_queue(name)
+    def ledger_target(self, out: Outgoing) -> str:
+        return f"{out.queue}.Delayed" if out.kind == "delayed" else out.queue
 
-    def delayed(self, queue: str) -> sa.Table:
-        name = f"{queue}.{DELAYED_SUFFIX}"
-        found = self._get(name)
-        if found is not None:
-            return found
-        self._fits(name)
-        return self._pg_delayed(name) if self.flavor == "postgresql" else self._mssql_delayed(name)
+    def write(self, conn: sa.Connection, outs: Sequence[Outgoing]) -> None:
+        self.writer.write(conn, outs)
 
-    def subscriptions(self) -> sa.Table:
-        found = self._get(SUBSCRIPTION_TABLE)
-        return found if found is not None else self._subscriptions()
-
-    # -- PostgreSQL transport (PostgreSqlConstants.cs) ---------------------------------------
-    def _pg_queue(self, name: str) -> sa.Table:
-        if self.backend == "sqlite":
-            # SQLite cannot number a non-key column; `seq` becomes the rowid, `id` stays unique.
-            cols = [sa.Column("id", sa.Uuid, nullable=False, unique=True), _row_version("seq", "sqlite")]
-        else:
-            cols = [sa.Column("id", sa.Uuid, primary_key=True), sa.Column("seq", _Serial(), nullable=False, unique=True)]
-        return sa.Table(
-            name, self.metadata, *cols[:1],
-            sa.Column("expires", sa.DateTime()),
-            sa.Column("headers", sa.Text, nullable=False),
-            sa.Column("body", sa.LargeBinary),
-            *cols[1:],
-            schema=self.table_schema,
-        )
-
-    def _pg_delayed(self, name: str) -> sa.Table:
-        t = sa.Table(
-            name, self.metadata,
-            sa.Column("id", sa.Uuid, primary_key=True, server_default=self._random_uuid()),
-            sa.Column("headers", sa.Text, nullable=False),
-            sa.Column("body", sa.LargeBinary),
-            sa.Column("due", sa.DateTime(timezone=True), nullable=False),
-            schema=self.table_schema,
-            postgresql_with={"fillfactor": 100},
-        )
-        sa.Index(f"{name}_Due", t.c.due)
-        return t
-
-    def _random_uuid(self) -> sa.TextClause | None:
-        return sa.text("gen_random_uuid()") if self.backend == "postgresql" else None
-
-    # -- SQL Server transport (SqlServerConstants.cs) ----------------------------------------
-    def _mssql_queue(self, name: str) -> sa.Table:
-        t = sa.Table(
-            name, self.metadata,
-            sa.Column("Id", sa.Uuid, nullable=False),
-            sa.Column("CorrelationId", sa.String(255)),
-            sa.Column("ReplyToAddress", sa.String(255)),
-            sa.Column("Recoverable", sa.Boolean(create_constraint=False), nullable=False),
-            sa.Column("Expires", sa.DateTime()),
-            sa.Column("Headers", _nvarchar_max(), nullable=False),
-            sa.Column("Body", _varbinary_max()),
-            _row_version("RowVersion", self.backend),
-            schema=self.table_schema,
-        )
-        if self.backend != "sqlite":
-            sa.Index(self._index_name("Index_RowVersion", name), t.c.RowVersion, mssql_clustered=False)
-        sa.Index(
-            self._index_name("Index_Expires", name), t.c.Expires,
-            mssql_include=["Id", "RowVersion"], mssql_where=t.c.Expires.isnot(None), mssql_clustered=False,
-            postgresql_where=t.c.Expires.isnot(None),
-        )
-        return t
-
-    def _mssql_delayed(self, name: str) -> sa.Table:
-        t = sa.Table(
-            name, self.metadata,
-            sa.Column("Headers", _nvarchar_max(), nullable=False),
-            sa.Column("Body", _varbinary_max()),
-            sa.Column("Due", sa.DateTime(), nullable=False),
-            _row_version("RowVersion", self.backend),
-            schema=self.table_schema,
-        )
-        sa.Index(self._index_name("Index_Due", name), t.c.Due, mssql_clustered=False)
-        return t
-
-    def _index_name(self, base: str, table: str) -> str:
-        # SQL Server scopes index names to their table; PostgreSQL and SQLite to the schema.
-        return base if self.backend == "mssql" else f"{table}_{base}"
-
-    # -- both --------------------------------------------------------------------------------
-    def _subscriptions(self) -> sa.Table:
-        if self.flavor == "postgresql":
-            cols = ("queueaddress", "endpoint", "topic")
-            kind: sa.types.TypeEngine = sa.String(200)
-        else:
-            cols = ("QueueAddress", "Endpoint", "Topic")
-            kind = sa.Unicode(200)
-        return sa.Table(
-            SUBSCRIPTION_TABLE, self.metadata,
-            sa.Column(cols[0], kind, nullable=False),
-            sa.Column(cols[1], kind, primary_key=True),
-            sa.Column(cols[2], kind, primary_key=True),
-            schema=self.table_schema,
-            postgresql_with={"fillfactor": 100},
-        )
-
-    def column(self, table: sa.Table, logical: str) -> sa.Column:
-        """Columns by their SQL Server spelling whatever the flavor ("Headers" -> headers)."""
-        return table.c[logical.lower() if self.flavor == "postgresql" else logical]
-
-    def address(self, queue: str) -> str:
-        """The transport address endpoints and ServiceControl use for `queue`."""
-        if self.flavor == "sqlserver":
-            def bracket(part: str) -> str:
-                return "[" + part.replace("]", "]]") + "]"
-
-            parts = [queue, bracket(self.schema)]
-            if self.catalog:
-                parts.append(bracket(self.catalog))
-            return "@".join(parts)
-        # A bare table name is a valid PostgreSQL-transport address resolved in the default
-        # schema; other schemas use the documented quoted form (docs: transports/postgresql/addressing).
-        if self.schema == "public" and '"' not in queue and "." not in queue:
-            return queue
-
-        def quoted(part: str) -> str:  # SQL's own rule inside a quoted identifier (inferred for the parser)
-            return '"' + part.replace('"', '""') + '"'
-
-        return f"{quoted(queue)}.{quoted(self.schema)}"
-
-
-def create_statements(tables: list[sa.Table], dialect: sa.Dialect) -> list[str]:
-    """DDL a DBA can review: one CREATE per table and index, guarded so re-running is harmless."""
-    out: list[str] = []
-    for table in tables:
-        create = str(CreateTable(table, if_not_exists=dialect.name != "mssql").compile(dialect=dialect)).strip()
-        indexes = [str(CreateIndex(ix, if_not_exists=dialect.name != "mssql").compile(dialect=dialect)).strip() for ix in sorted(table.indexes, key=lambda i: i.name or "")]
-        if dialect.name == "mssql":
-            full = dialect.identifier_preparer.format_table(table)
-            body = "\n".join([create, *indexes])
-            out.append(f"IF OBJECT_ID(N'{full.replace(chr(39), chr(39) * 2)}', N'U') IS NULL\nBEGIN\n{body}\nEND")
-        else:
-            out.extend([create, *indexes])
-    return out
+    def tables(self) -> list[sa.Table]:
+        p, states, t = self.transport, self.mapping.states, self.job.target
+        out = []
+        for queue in self.mapping.target_queues():
+            out.append(p.queue(queue))
+            if "delayed" in (states.ready, states.delayed, states.failed):
+                out.append(p.delayed(queue))
+        if "error" in (states.ready, states.delayed, states.failed, states.expired):
+            out.append(p.queue(t.error_queue))
+        if "audit" in (states.ready, states.delayed, states.failed, states.processed, states.expired):
+            out.append(p.queue(t.audit_queue))
+        out.append(p.subscriptions())
+        return out

@@ -19,17 +19,17 @@ import orjson
 import sqlalchemy as sa
 
 from bridge.codecs.openjms_blob import PKG, JmsMessage
-from bridge.codecs.openjms_encode import encode
+from bridge.codecs.openjms_encode import encode, typed_value
 from bridge.config import JobConfig
 from bridge.errors import BadRow, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
 from bridge.sources.base import Subscription
-from bridge.sources.openjms_schema import is_queue, tables
+from bridge.schemas.openjms import is_queue, tables
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.targets.echo import ECHO_HEADER, source_tag
+from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules, type_forms
 from bridge.timefmt import utcnow
 
@@ -177,21 +177,3 @@ class OpenJMSTarget(Target):
 
     def tables(self) -> list[sa.Table]:
         return []  # the store is OpenJMS's own (dbtool); init adds qbridge's state tables beside it
-
-
-def typed_value(kind: str, text: str) -> dict[str, Any]:
-    """A property's text (as the OpenJMS source wrote it) as its Java type again."""
-    try:
-        if kind in ("java.lang.Integer", "java.lang.Long", "java.lang.Short", "java.lang.Byte"):
-            return {"type": kind, "value": int(text)}
-        if kind in ("java.lang.Double", "java.lang.Float"):
-            return {"type": kind, "value": float(text)}
-        if kind == "java.lang.Boolean":
-            return {"type": kind, "value": text == "true"}
-        if kind == "java.lang.Character" and len(text) == 1:
-            return {"type": kind, "value": text}
-        if kind == "byte[]":
-            return {"type": kind, "base64": text}
-    except ValueError:
-        pass
-    return {"type": "java.lang.String", "value": text}

@@ -14,7 +14,7 @@ from bridge.model import row_ids
 from bridge.sources.base import Subscription
 from bridge.targets.bulk import insert_values
 from bridge.targets.envelope import Outgoing
-from bridge.targets.nservicebus import TargetTables
+from bridge.schemas.nservicebus import TargetTables
 from bridge.timefmt import naive_utc
 
 

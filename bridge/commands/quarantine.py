@@ -1,0 +1,142 @@
+"""`qbridge quarantine list|show|replay|discard|history`: the operator's side of the quarantine
+(bridge.lifecycle.quarantine does the work)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+from rich.table import Table
+
+from bridge.commands.common import err, out, runners_of
+from bridge.errors import UsageError
+
+NO_REASON = "(no reason given)"
+
+
+def quarantine_command(args: argparse.Namespace) -> int:
+    if args.action in ("show", "replay", "discard") and not (args.ids or args.all):
+        raise UsageError(f"quarantine {args.action} needs --id ID... (see `qbridge quarantine list`) or --all")
+    if args.ids and args.all:
+        raise UsageError(f"quarantine {args.action}: give --id or --all, not both")
+    if args.action == "discard" and not (args.why or "").strip():
+        # The command line GUIDE.md promises works without --why; the audit trail says so.
+        args.why = NO_REASON
+        err.print(f"qbridge: discarding without --why: the audit trail records {NO_REASON!r}", markup=False, highlight=False)
+    if (args.raw and args.action != "show") or (args.edited and args.action != "replay"):
+        raise UsageError("--raw goes with `quarantine show`, --with FILE with `quarantine replay`")
+    if args.edited:
+        return _replay_edited(args)
+    if args.action in ("replay", "discard"):
+        return _quarantine_settle(args)
+    if args.action == "history":
+        return _quarantine_history(args)
+    _, runners = runners_of(args)
+    jobs = []
+    for r in runners:
+        with r.target_engine.connect() as conn:
+            rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show")
+        jobs.append({"job": r.job.name, "quarantined": rows})
+    missing = _not_in_quarantine(args.ids, {row["message_id"] for j in jobs for row in j["quarantined"]})
+    if args.raw:
+        raws = {row["message_id"]: row["raw"] for j in jobs for row in j["quarantined"]}
+        shown = next(iter(raws.values())) if len(raws) == 1 else raws
+        sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
+    elif args.json:
+        sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
+    elif args.action == "list":
+        t = Table(title="qbridge quarantine")
+        for col in ("job", "queue", "source key", "message id", "since", "reason"):
+            t.add_column(col)
+        for j in jobs:
+            for row in j["quarantined"]:
+                t.add_row(j["job"], row["queue"], row["source_key"], row["message_id"], row["at"], row["reason"])
+        out.print(t)
+    else:
+        out.print_json(data={"jobs": jobs})
+    return 1 if missing else 0
+
+
+def _not_in_quarantine(ids: list[str] | None, found: set[str]) -> list[str]:
+    """The asked-for ids that were not found, said on stderr."""
+    missing = [i for i in (ids or []) if i not in found]
+    if missing:
+        err.print(f"qbridge: not in quarantine: {', '.join(missing)}", markup=False, highlight=False)
+    return missing
+
+
+def _replay_edited(args: argparse.Namespace) -> int:
+    """`replay --id ID --with FILE`: one message, from an operator's edited copy of its raw row."""
+    from bridge.lifecycle.quarantine import QuarantineDesk, operator
+
+    if not args.ids or len(args.ids) != 1:
+        raise UsageError("quarantine replay --with FILE replays one message: give exactly one --id")
+    path = Path(args.edited)
+    try:
+        edited = orjson.loads(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"--with {path}: cannot read it ({e.strerror})") from None
+    except orjson.JSONDecodeError as e:
+        raise UsageError(f"--with {path}: not JSON ({e}); start from `qbridge quarantine show --id ID --raw`") from None
+    if not isinstance(edited, dict):
+        raise UsageError(f"--with {path}: a JSON object of the row's columns is expected, not {type(edited).__name__}")
+    _, runners = runners_of(args)
+    actor = (args.by or "").strip() or operator()
+    results = [o for r in runners for o in QuarantineDesk(r, actor, (args.why or "").strip() or None).replay_edited(args.ids[0], edited)]
+    return _settled(args, actor, results)
+
+
+def _quarantine_settle(args: argparse.Namespace) -> int:
+    from bridge.lifecycle.quarantine import QuarantineDesk, operator
+
+    _, runners = runners_of(args)
+    actor = (args.by or "").strip() or operator()
+    results = []
+    for r in runners:
+        desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
+        results += desk.replay(args.ids) if args.action == "replay" else desk.discard(args.ids)
+    return _settled(args, actor, results)
+
+
+def _settled(args: argparse.Namespace, actor: str, results: list) -> int:
+    """What replay or discard did, as a table or JSON; 1 if any failed or was not found."""
+    missing = _not_in_quarantine(args.ids, {o.message_id for o in results})
+    if args.json:
+        sys.stdout.write(orjson.dumps({"actor": actor, "results": [o.as_dict() for o in results]}).decode() + "\n")
+    else:
+        t = Table(title=f"qbridge quarantine {args.action}{' (edited)' if args.edited else ''} (by {actor})")
+        for col in ("job", "queue", "message id", "did", "now", "detail"):
+            t.add_column(col)
+        for o in results:
+            t.add_row(o.job, o.queue, o.message_id, o.action, o.outcome, o.detail)
+        out.print(t)
+    failed = [o for o in results if o.action == "replay-failed"]
+    return 1 if failed or missing else 0
+
+
+def _quarantine_history(args: argparse.Namespace) -> int:
+    from bridge.lifecycle.quarantine import audit_trail
+
+    _, runners = runners_of(args)
+    jobs = []
+    for r in runners:
+        with r.target_engine.connect() as conn:
+            jobs.append({"job": r.job.name, "history": audit_trail(r.state, conn, r.job.name, args.ids)})
+    if args.json:
+        sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
+        return 0
+    t = Table(title="qbridge quarantine history")
+    for col in ("at (UTC)", "job/queue", "message id", "did", "by", "why", "reason"):
+        t.add_column(col)
+    for j in jobs:
+        for h in j["history"]:
+            did = f"{h['action']} → {h['detail']}" if h["action"] == "replayed" else h["action"]
+            reason = h["detail"] if h["action"] == "replay-failed" else h["reason"]  # the reason it has now, or had
+            t.add_row(h["at"][:19].replace("T", " "), f"{j['job']}/{h['queue']}", h["message_id"], did, h["actor"],
+                      h["why"] or "", reason)
+    out.print(t)
+    return 0
+
+

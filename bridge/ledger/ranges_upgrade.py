@@ -1,0 +1,130 @@
+"""`qbridge init` folding the per-message ledger entries of increasing keys (NGinn queues) into
+the range ledger (bridge.ledger.ranges), where an earlier qbridge made the ledger without it.
+
+The bits go into `qbridge_ledger_ranges_new`, renamed into place when every entry is folded:
+until then every other command refuses the ledger (`require_current`), since a Spark unit that
+trusts the bits alone would not see an entry still waiting to be folded. Each transaction locks
+up to CHUNK entries of one queue, sets their bits and deletes exactly those entries, so a fold
+cut off anywhere resumes where it stopped on the next `init`. A quarantined entry gets its bit
+and stays (its reason; its row waits in the quarantine).
+
+The fold refuses, changing nothing, while the ledger holds entries of a queue the config does not
+name: the ledger does not say which system such a queue is, and an NGinn queue's entries left out
+would be unseen by a Spark unit that trusts the bits (its messages delivered again).
+
+A range ledger in place proves no fold either (a DBA may create it from `--print-sql`'s DDL, or
+a fold may have left a queue out): a queue whose delivered or skipped entries have no bit is
+`unfolded`, which every command refuses (`JobSetup.check_ledger`) and `init` folds in place. A
+replayed or discarded quarantined message's entry has its bit ("quarantined"), and stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from bridge.errors import TargetSchemaError
+from bridge.ledger.ranges import RANGES, Ranges, ranges_table
+from bridge.ledger.upgrade import rename_sql, without_ranges
+from bridge.sources import source_class
+from bridge.ledger.state import State
+
+RANGES_NEW = RANGES + "_new"
+CHUNK = 10_000  # entries folded per transaction
+DELETE_CHUNK = 1_000  # keys per DELETE statement: under SQL Server's 2,100 parameters
+FOLDED = ("delivered", "skipped")
+
+
+def ranged_origins(origins: Sequence[Any]) -> list[int]:
+    """The origins (bridge.ledger.upgrade.QueueOrigin) whose keys the range ledger keeps."""
+    return sorted({o.origin for o in origins if source_class(o.system).cursor == "monotonic"})
+
+
+def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], connection: str,
+               say: Callable[[str], None] = lambda _: None) -> int | None:
+    """Folds the entries of the ranged queues among `origins` (bridge.ledger.upgrade.QueueOrigin)
+    into a new range ledger and puts it in place, or into the one in place those of queues it
+    lacks; how many it folded (None: nothing to do)."""
+    state = State(schema)
+    with engine.connect() as conn:
+        with conn.begin():
+            if not sa.inspect(conn).has_table(state.ledger.name, schema=schema):
+                return None
+            fresh = without_ranges(conn, schema)
+            if fresh:
+                _check_origins(conn, state, origins, connection)
+                todo = ranged_origins(origins)
+            else:
+                todo = [o for o in ranged_origins(origins) if unfolded(conn, state, o)]
+                if not todo:
+                    return None
+        table = ranges_table(schema, sa.MetaData(), name=RANGES_NEW) if fresh else state.ranges.table
+        if fresh:
+            with conn.begin():
+                table.create(conn, checkfirst=True)  # kept when a fold was cut off: it resumes
+    ranges, l = Ranges(table), state.ledger
+    total = 0
+    for origin in todo:
+        mine = (l.c.origin == origin, l.c.outcome.in_(FOLDED))
+        after = None
+        while True:
+            with engine.begin() as conn:
+                stmt = sa.select(l.c.source_key, l.c.outcome).where(*mine).order_by(l.c.source_key).limit(CHUNK)
+                if after is not None:
+                    stmt = stmt.where(l.c.source_key > after)
+                page = conn.execute(stmt.with_for_update()).all()
+                if not page:
+                    break
+                # A key with a bit keeps its entry: a replayed or discarded quarantined message's.
+                have = ranges.lookup(conn, origin, [int(k) for k, _ in page])
+                fold = [(k, o) for k, o in page if int(k) not in have]
+                ranges.mark(conn, origin, [(int(k), o) for k, o in fold], merge=True)
+                keys = [k for k, _ in fold]
+                for start in range(0, len(keys), DELETE_CHUNK):
+                    conn.execute(sa.delete(l).where(*mine, l.c.source_key.in_(keys[start:start + DELETE_CHUNK])))
+            after = page[-1][0]
+            total += len(fold)
+            say(f"{connection}: folded {total:,} ledger entries of increasing keys into ranges")
+        with engine.begin() as conn:  # quarantined entries stay, with a bit each
+            quarantined = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars()
+            ranges.mark(conn, origin, [(int(k), "quarantined") for k in quarantined], merge=True)
+    if fresh:
+        with engine.begin() as conn:
+            conn.execute(rename_sql(engine.dialect, schema, RANGES_NEW, RANGES))
+    return total
+
+
+def unfolded(conn: sa.Connection, state: State, origin: int) -> bool:
+    """Whether a delivered or skipped entry of the queue `origin` names has no bit in the range
+    ledger in place (entries with a bit are replayed or discarded quarantined messages, few)."""
+    l = state.ledger
+    after = None
+    while True:
+        stmt = sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome.in_(FOLDED)).order_by(l.c.source_key)
+        if after is not None:
+            stmt = stmt.where(l.c.source_key > after)
+        keys = conn.execute(stmt.limit(CHUNK)).scalars().all()
+        if not keys:
+            return False
+        if len(state.ranges.lookup(conn, origin, {int(k) for k in keys})) < len(keys):
+            return True
+        if len(keys) < CHUNK:
+            return False
+        after = keys[-1]
+
+
+def _check_origins(conn: sa.Connection, state: State, origins: Sequence[Any], connection: str) -> None:
+    """Refuses when the ledger holds entries of queues `origins` (the whole config's) do not name."""
+    l = state.ledger
+    known = sorted({o.origin for o in origins})
+    stray = conn.execute(sa.select(l.c.job, l.c.queue, sa.func.count()).where(l.c.origin.not_in(known))
+                         .group_by(l.c.job, l.c.queue).order_by(l.c.job, l.c.queue)).all()
+    if stray:
+        raise TargetSchemaError(
+            f"{connection!r}: the ledger made by an earlier qbridge cannot be folded into ranges; nothing was folded: "
+            + "; ".join(f"{n} entries of job {job!r} queue {queue!r}, which this config does not have (or reads under "
+                        "another source identity)" for job, queue, n in stray)
+            + ". Put those jobs and queues back in the config (their sources as they were; every config sharing this "
+              "database in one) and run init again: an NGinn queue's entries left unfolded would be delivered again")

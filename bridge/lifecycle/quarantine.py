@@ -1,0 +1,270 @@
+"""`qbridge quarantine replay|discard`: what an operator does about a quarantined message.
+
+Replay reads the kept raw row again with the job's current mapping (the operator fixed the
+mapping, or the code) and delivers it in one target transaction that also turns its ledger
+entry from quarantined into delivered (or skipped) and moves the quarantine row into the audit
+trail. The ledger row is locked and checked first, so two operators, or an operator and a
+running `qbridge run`, can never deliver it twice. A row that still fails stays quarantined
+with its new reason. Discard records who and why, and makes the ledger entry a skip, so that
+`verify` keeps balancing: nothing leaves the quarantine without a line in the audit trail.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+
+from bridge import faults
+from bridge.db import unique_violation
+from bridge.model import message_id_for, queue_origin
+from bridge.pipeline.loop import JobRunner
+from bridge.ledger.state import State
+from bridge.targets.base import Skipped
+from bridge.timefmt import UTC, naive_utc, utcnow
+from bridge.ledger.totals import counted
+
+log = logging.getLogger("qbridge.quarantine")
+
+
+def operator() -> str:
+    """Who is at the keyboard, for the audit trail."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in the environment (a container): say so rather than guess
+        return "unknown"
+
+
+@dataclass
+class Outcome:
+    """What replay or discard did to one quarantined message."""
+
+    job: str
+    queue: str
+    message_id: str
+    source_key: str
+    action: str  # replayed | replay-failed | discarded | not-quarantined
+    outcome: str  # the ledger's word afterwards
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+_ABSENT = object()  # a column the kept or the edited row does not have
+
+
+class _AlreadyThere(Exception):
+    """The target holds the message's id already (the transaction was rolled back)."""
+
+
+class QuarantineDesk:
+    """Replay and discard for one job, against its target database."""
+
+    def __init__(self, runner: JobRunner, actor: str, why: str | None) -> None:
+        self.runner = runner
+        self.state = runner.state
+        self.actor = actor
+        self.why = why
+        self._origins: dict[str, int] = {}  # message id -> its ledger entry's origin, while it is settled
+        self.state.audit.create(runner.target_engine, checkfirst=True)  # a database set up before the audit trail existed
+
+    def replay(self, ids: list[str] | None) -> list[Outcome]:
+        out = []
+        for q in self._rows(ids):
+            out.append(self._replay_one(q))
+        return out
+
+    def replay_edited(self, message_id: str, edited: dict[str, Any]) -> list[Outcome]:
+        """Replays one message from an operator's edited copy of its raw row (ServicePulse's edit
+        and retry). The key and the source's identity columns are locked, so the message keeps
+        its id and Outbox endpoints still de-duplicate; the audit trail keeps the row as it was
+        kept, which columns changed and the row after the edit. The quarantine keeps the kept
+        row should the edited one fail too."""
+        out = []
+        for q in self._rows([message_id]):
+            source = self.runner.sources.get(q["queue"])
+            kept = q["raw"]
+            changed = sorted(k for k in set(kept) | set(edited) if kept.get(k, _ABSENT) != edited.get(k, _ABSENT))
+            locked = [k for k in changed if source is not None and k in source.identity_fields]
+            if locked:
+                out.append(Outcome(self.runner.job.name, q["queue"], message_id, q["source_key"], "replay-failed", "quarantined",
+                                   f"the edit changes {', '.join(locked)}, which identify the message (its id would "
+                                   "change and Outbox endpoints could not de-duplicate it); nothing done"))
+                continue
+            edit = f"edited {', '.join(changed) or 'nothing'}; the row after the edit: {orjson.dumps(edited).decode()}"
+            out.append(self._replay_one({**q, "raw": edited, "kept_raw": kept, "edit": edit}))
+        return out
+
+    def discard(self, ids: list[str] | None) -> list[Outcome]:
+        out = []
+        for q in self._rows(ids):
+            with self.runner.target_engine.connect() as tconn, tconn.begin():
+                if not self._still_quarantined(tconn, q):
+                    out.append(self._gone(q))
+                    continue
+                reason = f"discarded by {self.actor}: {self.why}"[:500]
+                self._settle(tconn, q, "discarded", "skipped", reason, target=None, ledger_reason=reason)
+            log.info("job=%s queue=%s message %s discarded by %s: %s", self.runner.job.name, q["queue"], q["message_id"],
+                     self.actor, self.why)
+            out.append(Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "discarded", "skipped", reason))
+        return out
+
+    # -- one message -----------------------------------------------------------------------
+    def _rows(self, ids: list[str] | None) -> list[dict[str, Any]]:
+        with self.runner.target_engine.connect() as conn:
+            return self.state.quarantined(conn, self.runner.job.name, ids)
+
+    def _replay_one(self, q: dict[str, Any]) -> Outcome:
+        r = self.runner
+        job = r.job.name
+        source = r.sources.get(q["queue"])
+        if source is None:
+            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined",
+                           f"queue {q['queue']!r} is no longer in job {job!r}: put it back in the config to replay this message")
+        def failed(why: str) -> Outcome:
+            return Outcome(job, q["queue"], q["message_id"], q["source_key"], "replay-failed", "quarantined", why)
+
+        try:
+            row = source.from_raw(q["raw"], q["source_key"])
+        except (KeyError, TypeError, ValueError) as e:
+            return failed(f"the kept raw row cannot be read back ({type(e).__name__}: {e}); nothing done")
+        if str(r.message_id(source, row)) != q["message_id"]:
+            # The id comes from the source's identity (source.database or its URL): delivering
+            # under another id than the ledger's would let the message arrive twice.
+            return failed(f"the message id computed now differs from the ledger's: did jobs[].source.database or "
+                          f"the source URL change since it was quarantined? (it is {r.database!r} now); nothing done")
+        _, result, reason = r.map_row(source, row, getattr(source, "translated_headers", frozenset()))
+        # Move mode consumes the legacy row once the message is out, as a pass does: the target
+        # commits first, with the key in the checkpoint's pending list, so that if this process
+        # dies before the legacy commit the job's next pass consumes it.
+        consume = [row.key] if r.job.mode == "move" and row.consumable and not source.consumes_quarantined else []
+        try:
+            action, outcome, detail, version, consume = self._deliver(q, source.queue, result, reason, consume)
+        except _AlreadyThere as e:
+            return failed(str(e))
+        if action == "not-quarantined":
+            return self._gone(q)
+        if consume:
+            with r.source_engine.connect() as sconn, sconn.begin():
+                source.consume(sconn, consume)
+            self.state.settle_pending(r.target_engine, job, source.queue, consume, version)
+        log.info("job=%s queue=%s message %s %s (%s) by %s", job, q["queue"], q["message_id"], action, detail, self.actor)
+        return Outcome(job, q["queue"], q["message_id"], q["source_key"], action, outcome, detail)
+
+    def _deliver(self, q: dict[str, Any], queue: str, result: Any, reason: str, consume: list[Any]
+                 ) -> tuple[str, str, str, int | None, list[Any]]:
+        """One target transaction: the message written, its ledger entry settled, the audit line,
+        the legacy key left for consuming; returns with the key to consume (none if it stays
+        quarantined) and the checkpoint version for settling it (None: others' keys pend too)."""
+        r = self.runner
+        version = None
+        r._prepare(queue)
+        with r.target_engine.connect() as tconn, tconn.begin():
+            if not self._still_quarantined(tconn, q):
+                return "not-quarantined", "", "", None, []
+            if result is None:
+                self._still_failing(tconn, q, reason)
+                action, outcome, detail = "replay-failed", "quarantined", reason
+            elif isinstance(result, Skipped):
+                self._settle(tconn, q, "replayed", "skipped", result.reason, target=None, ledger_reason=result.reason)
+                action, outcome, detail = "replayed", "skipped", result.reason
+            else:
+                r.target.begin_batch(tconn)
+                try:
+                    r.target.write(tconn, [result])
+                except sa.exc.IntegrityError as e:
+                    if not unique_violation(e):
+                        raise
+                    raise _AlreadyThere(f"a message with id {q['message_id']} is in the {r.target.system} tables already; "
+                                        "left in quarantine, nothing written") from None
+                where = r.target.ledger_target(result)
+                self._settle(tconn, q, "replayed", "delivered", where or "", target=where, ledger_reason=None)
+                action, outcome, detail = "replayed", "delivered", where or ""
+            if outcome != "quarantined" and consume:
+                # Only its own key is consumed here; others' pending keys are left to the next
+                # pass's _consume_pending (so the settle takes the fast path only if it is alone).
+                pending, version = self.state.add_pending(tconn, r.job.name, queue, consume)
+                version = version if len(pending) == len(consume) else None
+            else:
+                consume = []
+            faults.reached("replay_before_commit")
+        faults.reached("replay_after_commit")
+        return action, outcome, detail, version, consume
+
+    def _still_quarantined(self, tconn: sa.Connection, q: dict[str, Any]) -> bool:
+        """Locks the ledger entry; False when someone settled it since it was listed. Keeps the
+        entry's origin for the totals its settling moves."""
+        l = self.state.ledger
+        stmt = sa.select(l.c.outcome, l.c.origin).where(self._entry(q))
+        if tconn.dialect.name != "sqlite":
+            stmt = stmt.with_for_update()
+        row = tconn.execute(stmt).first()
+        if row is None or row[0] != "quarantined":
+            return False
+        self._origins[q["message_id"]] = int(row[1])
+        return True
+
+    def _entry(self, q: dict[str, Any]) -> sa.ColumnElement[bool]:
+        """The ledger entry of a quarantined message, by its key. A message quarantined under
+        another source identity than today's (the replay refuses it; discard does not) is found
+        by its message id and job instead: the message id is not indexed, so that takes a scan."""
+        r, l = self.runner, self.state.ledger
+        system, queue, key = r.job.source.system, q["queue"], q["source_key"]
+        if str(message_id_for(system, r.database, queue, key)) == q["message_id"]:
+            return sa.and_(l.c.origin == queue_origin(system, r.database, queue), l.c.source_key == key)
+        return sa.and_(l.c.message_id == q["message_id"], l.c.job == r.job.name, l.c.queue == queue)
+
+    def _gone(self, q: dict[str, Any]) -> Outcome:
+        return Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "not-quarantined", "",
+                       "settled by someone else since it was listed; nothing done")
+
+    def _still_failing(self, tconn: sa.Connection, q: dict[str, Any], reason: str) -> None:
+        s = self.state
+        tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]).values(reason=reason))
+        tconn.execute(sa.update(s.ledger).where(self._entry(q)).values(reason=reason[:500]))
+        self._audit(tconn, q, "replay-failed", "quarantined", reason)
+
+    def _settle(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str,
+                target: str | None, ledger_reason: str | None) -> None:
+        s = self.state
+        tconn.execute(sa.update(s.ledger).where(self._entry(q))
+                      .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
+                              at=naive_utc(utcnow())))
+        moved = Counter({("quarantined", None): -1})
+        moved[counted(outcome, ledger_reason)] += 1
+        s.totals.add(tconn, self.runner.job.name, q["queue"], self._origins.pop(q["message_id"]), moved)
+        self._audit(tconn, q, action, outcome, detail)
+        tconn.execute(sa.delete(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]))
+
+    def _audit(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str) -> None:
+        tconn.execute(sa.insert(self.state.audit).values(
+            at=naive_utc(utcnow()), job=self.runner.job.name, queue=q["queue"], message_id=q["message_id"],
+            source_key=q["source_key"], action=action, outcome=outcome, actor=self.actor, why=self.why,
+            reason=q["reason"], detail=f"{detail} ({q['edit']})" if "edit" in q else detail,
+            quarantined_at=naive_utc(datetime.fromisoformat(q["at"])), raw=orjson.dumps(q.get("kept_raw", q["raw"])).decode(),
+        ))
+
+
+def audit_trail(state: State, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """What was done to a job's quarantined messages, oldest first (raw rows left out)."""
+    a = state.audit
+    if not sa.inspect(conn).has_table(a.name, schema=a.schema):
+        return []  # created by the first replay or discard
+    stmt = sa.select(*(c for c in a.c if c.name not in ("raw", "id"))).where(a.c.job == job).order_by(a.c.at, a.c.id)
+    if ids is not None:
+        stmt = stmt.where(a.c.message_id.in_(list(ids)))
+    out = []
+    for r in conn.execute(stmt).mappings():
+        row = {str(k): v for k, v in r.items()}
+        for k in ("at", "quarantined_at"):
+            row[k] = row[k].replace(tzinfo=UTC).isoformat()
+        out.append(row)
+    return out

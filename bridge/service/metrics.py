@@ -1,0 +1,162 @@
+"""`qbridge run --listen HOST:PORT`: Prometheus metrics on `/metrics`, with the official client,
+and the status page on `/` (bridge.service.statuspage) with its numbers as JSON on `/status.json`.
+
+The per-queue numbers are read through the same `status()` that `qbridge status --json` prints,
+so both agree by construction; the listener computes them at most once per 5 s per job
+(bridge.service.status_cache), however many scrapes and page views arrive. What only the running process knows (batch
+durations, retries, lock ownership, last success, the last hour) is kept by the scheduler's workers.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from urllib.parse import parse_qs
+from typing import Any
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import orjson
+from prometheus_client import CollectorRegistry, Histogram, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from bridge.errors import UsageError
+from bridge.listen import is_loopback, parse_listen
+from bridge.service.status_cache import StatusCache
+from bridge.service.statuspage import History, render
+from bridge.service.view import WorkerView
+
+log = logging.getLogger("qbridge.metrics")
+TOKEN_ENV = "QBRIDGE_TOKEN"
+BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class BridgeCollector(Collector):
+    """Per job and queue, at scrape time, from the same books as `qbridge status --json`."""
+
+    def __init__(self, workers: list[WorkerView], books: Callable[[WorkerView], dict[str, Any]]) -> None:
+        self.workers = workers
+        self.books = books
+
+    def collect(self) -> Iterable[Any]:
+        messages = CounterMetricFamily("qbridge_messages", "Messages by outcome, from the ledger",
+                                       labels=["job", "queue", "direction", "outcome"])
+        backlog = GaugeMetricFamily("qbridge_backlog_messages", "Messages waiting in the source", labels=["job", "queue"])
+        lag = GaugeMetricFamily("qbridge_lag_seconds", "Age of the oldest message of the last batch (0 without backlog)",
+                                labels=["job", "queue"])
+        gaps = GaugeMetricFamily("qbridge_open_gaps", "Id gaps still watched for late commits", labels=["job", "queue"])
+        held = GaugeMetricFamily("qbridge_job_lock_held", "1 while this process holds the job's lock", labels=["job"])
+        success = GaugeMetricFamily("qbridge_last_success_timestamp_seconds", "When the job last ran without an error",
+                                    labels=["job"])
+        retries = CounterMetricFamily("qbridge_retries", "Failed runs retried after a back-off", labels=["job", "reason"])
+        for w in self.workers:
+            job = w.name
+            direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
+            try:
+                books = self.books(w)
+            except Exception as e:  # a database that is down must not break the scrape of the others
+                log.warning("job=%s metrics: %s", job, str(getattr(e, "orig", None) or e).splitlines()[0])
+                books = {"queues": []}
+            for q in books["queues"]:
+                labels = [job, q["queue"]]
+                for outcome in ("delivered", "skipped", "quarantined"):
+                    messages.add_metric([*labels, direction, outcome], q[outcome])
+                if q["backlog"] is not None:
+                    backlog.add_metric(labels, q["backlog"])
+                if q["lag_seconds"] is not None:
+                    lag.add_metric(labels, q["lag_seconds"])
+                gaps.add_metric(labels, q["open_gaps"])
+            held.add_metric([job], 1.0 if w.lock.held else 0.0)
+            if w.last_success is not None:
+                success.add_metric([job], w.last_success)
+            for reason, n in sorted(w.retries.items()):
+                retries.add_metric([job, reason], n)
+        yield from (messages, backlog, lag, gaps, held, success, retries)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """A thread per request: a browser's idle pre-opened connection must not hold up a scrape."""
+
+    daemon_threads = True
+
+
+class MetricsServer:
+    """`/metrics`, `/` and `/status.json` on HOST:PORT in a daemon thread, read-only (GET and HEAD).
+    A non-loopback address needs QBRIDGE_TOKEN, sent as `Authorization: Bearer <token>` or, from a
+    browser, as `?token=<token>`."""
+
+    def __init__(self, listen: str, workers: list[WorkerView], title: str = "qbridge run") -> None:
+        host, port = parse_listen(listen)
+        self.token = os.environ.get(TOKEN_ENV) or None
+        if not is_loopback(host) and not self.token:
+            raise UsageError(f"--listen {listen}: an address other than loopback needs a token; set {TOKEN_ENV} "
+                             "(scrapers then send `Authorization: Bearer <token>`, browsers open /?token=<token>)")
+        from bridge.lifecycle.verify import status
+
+        cache = StatusCache(status)
+        self.books: Callable[[WorkerView], dict[str, Any]] = lambda w: cache.get(w.name, w.runner)
+        self.registry = CollectorRegistry()
+        self.registry.register(BridgeCollector(workers, self.books))
+        self.batch = Histogram("qbridge_batch_duration_seconds", "Seconds per committed batch", ["job"],
+                               buckets=BATCH_BUCKETS, registry=self.registry)
+        self.history = History()
+        for w in workers:
+            w.runner.on_batch = lambda stats, job=w.name: self._on_batch(job, stats)
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            if not self._authorized(environ):
+                start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+                return [b"a token is required\n"]
+            if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+                start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+                return [b"read-only\n"]
+            path = environ.get("PATH_INFO")
+            if path == "/metrics":
+                return metrics(environ, start_response)
+            if path == "/":
+                page = render(title, workers, self.history, self.books).encode()
+                start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")])
+                return [page]
+            if path == "/status.json":
+                body = orjson.dumps({"jobs": [self.books(w) for w in workers]})
+                start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+                return [body]
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"qbridge serves /, /status.json and /metrics\n"]
+
+        try:
+            self.server: WSGIServer = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_Quiet)
+        except OSError as e:
+            raise UsageError(f"--listen {listen}: {e.strerror}") from None
+        self.thread = threading.Thread(target=self.server.serve_forever, name="qbridge-metrics", daemon=True)
+
+    def _on_batch(self, job: str, stats: Any) -> None:
+        self.batch.labels(job).observe(stats.seconds)
+        self.history.batch(job, stats)
+
+    def _authorized(self, environ: dict[str, Any]) -> bool:
+        if not self.token:
+            return True
+        given = environ.get("HTTP_AUTHORIZATION", "").removeprefix("Bearer ")
+        if not given:
+            given = (parse_qs(environ.get("QUERY_STRING", "")).get("token") or [""])[0]
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def start(self) -> None:
+        self.thread.start()
+        log.info("status page on http://%s:%d/ and metrics on /metrics", *self.server.server_address[:2])
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+

@@ -1,0 +1,235 @@
+"""`qbridge run`: every job of a config on its schedule, for weeks, until SIGTERM/SIGINT.
+
+APScheduler fires each job's trigger; a tick drains every queue of the job through the same
+pass as `sync --once`. One instance per job at a time (max_instances=1), missed runs coalesced,
+and a session lock in the target database (joblock.py) so that a second `qbridge run` on the
+same config stands by and takes a job over when the first one dies.
+
+A retryable failure (database down, deadlock, lock timeout) backs the job off, one log line per
+attempt; a job whose tables or mapping are wrong stops with its reason; other jobs run on.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from bridge.config import JobConfig
+from bridge.db import is_retryable
+from bridge.errors import BridgeError
+from bridge.ledger.joblock import JobLock, LockLost
+from bridge.pipeline.loop import JobRunner
+from bridge.timefmt import parse_duration
+
+log = logging.getLogger("qbridge.run")
+
+DEFAULT_EVERY = "10s"  # a job without a schedule in `qbridge run`
+MAX_BACKOFF = 60.0
+PRUNE_LIMIT = 10_000  # ledger entries looked at per queue per pruning round of `qbridge run`
+
+
+def trigger_for(job: JobConfig) -> BaseTrigger:
+    schedule = job.schedule
+    if schedule is not None and schedule.cron is not None:
+        return CronTrigger.from_crontab(schedule.cron, timezone=UTC)
+    every = schedule.every if schedule is not None and schedule.every else DEFAULT_EVERY
+    return IntervalTrigger(seconds=parse_duration(every), timezone=UTC)
+
+
+class JobWorker:
+    """One job inside `qbridge run`: its lock, its back-off, whether it has stopped for good."""
+
+    def __init__(self, runner: JobRunner, stopping: threading.Event, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner = runner
+        self.name = runner.job.name
+        self.stopping = stopping
+        self.lock = JobLock(runner.target_engine, self.name, schema=runner.state.checkpoint.schema,
+                            connection=runner.job.target.connection)
+        self.clock = clock
+        self.failures = 0
+        self.retry_at = 0.0
+        self.checked = False
+        self.standing_by = False
+        self.stopped_reason: str | None = None
+        self.last_success: float | None = None  # epoch seconds of the last run without an error
+        self.retries: dict[str, int] = {}  # failed runs retried, by error class
+        self.last_error: str | None = None  # the first line of the last failure, until a run succeeds
+        self.prune_at = 0.0  # when the ledger is next pruned (clock seconds)
+
+    def tick(self) -> None:
+        """One scheduled run: take the lock, drain every queue. Never raises."""
+        if self.stopped_reason or self.stopping.is_set() or self.clock() < self.retry_at:
+            return
+        try:
+            if not self.lock.ensure():
+                if not self.standing_by:
+                    log.info("job=%s another qbridge run holds this job; standing by to take over", self.name)
+                    self.standing_by = True
+                return
+            if self.standing_by:
+                log.info("job=%s lock taken over; running", self.name)
+                self.standing_by = False
+            self.runner.fence = self.lock.fence  # a new epoch whenever the lock was taken anew
+            try:
+                self._run()
+            except LockLost:
+                # Its connection was cut: a standby may run the job now. No batch of this one
+                # starts until the lock is taken again, and none under way commits once another
+                # took it (the fence). Released, so that the next tick takes it, and a new epoch,
+                # only if it is free (a lock file removed under it is still "held" here).
+                log.warning("job=%s lost its lock (its database connection was cut); another qbridge run may hold "
+                            "the job now; standing by", self.name)
+                self.lock.release()
+                self.runner.fence = None
+                self.standing_by = True
+                return
+            self.last_success = time.time()
+            self.last_error = None
+            if self.failures:
+                log.info("job=%s recovered after %d failed attempt(s)", self.name, self.failures)
+            self.failures = 0
+        except Exception as e:  # a job's failure must never take the scheduler down
+            self._failed(e)
+
+    def _run(self) -> None:
+        runner = self.runner
+        if not self.checked:
+            runner.check()
+            runner.sync_subscriptions()
+            self.checked = True
+        for queue in runner.sources:
+            if self.stopping.is_set():
+                return
+            runner.drain(queue, should_stop=self.stopping.is_set, before_pass=self._confirm_lock)
+        if self.clock() >= self.prune_at and not self.stopping.is_set():
+            self._prune()
+
+    def _prune(self) -> None:
+        """Ledger entries that can no longer matter, a bounded number per round (bridge.lifecycle.prune)."""
+        from bridge.lifecycle.prune import prune
+
+        every = max(10.0, min(3600.0, self.runner.job.retention_seconds / 10))
+        self.prune_at = self.clock() + every
+        try:
+            rounds = prune(self.runner, limit=PRUNE_LIMIT)
+            if any(r.looked_at >= PRUNE_LIMIT for r in rounds):
+                # More is waiting: the next round comes after the next drain, not after `every`,
+                # so pruning keeps up with any inflow it can (a round is bounded; delivery goes first).
+                self.prune_at = self.clock()
+        except Exception as e:  # noqa: BLE001 - pruning waits for its next round; moving messages goes on
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+            log.warning("job=%s pruning the ledger failed (%s); trying again in %.0fs", self.name,
+                        reason[0] if reason else type(e).__name__, every)
+
+    def _confirm_lock(self) -> None:
+        if not self.lock.still_held():
+            raise LockLost(self.name)
+
+    def _failed(self, e: Exception) -> None:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+        reason_line = reason[0] if reason else type(e).__name__
+        self.last_error = reason_line if isinstance(e, BridgeError) or is_retryable(e) else f"{type(e).__name__}: {reason_line}"
+        if is_retryable(e) or not isinstance(e, BridgeError):
+            kind = type(getattr(e, "orig", None) or e).__name__
+            self.retries[kind] = self.retries.get(kind, 0) + 1
+        if is_retryable(e):
+            self.failures += 1
+            delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
+            self.retry_at = self.clock() + delay
+            log.warning("job=%s attempt %d failed (%s); retrying in %.0fs", self.name, self.failures, reason_line, delay)
+            if self.lock.held:
+                try:
+                    self.lock.ensure()  # drops a lock whose connection died with the database
+                except Exception:
+                    self.lock.release()
+        elif isinstance(e, BridgeError):
+            self.stopped_reason = reason_line
+            log.error("job=%s stopped: %s (the other jobs keep running; fix it and restart qbridge run)", self.name, "\n".join(reason))
+            self.lock.release()
+        else:
+            self.failures += 1
+            delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
+            self.retry_at = self.clock() + delay
+            log.exception("job=%s unexpected %s; retrying in %.0fs", self.name, type(e).__name__, delay)
+
+
+class Scheduler:
+    """The jobs of one config under one APScheduler."""
+
+    def __init__(self, runners: list[JobRunner]) -> None:
+        self.stopping = threading.Event()
+        self.workers = [JobWorker(r, self.stopping) for r in runners]
+        self.scheduler = BackgroundScheduler(timezone=UTC, job_defaults={
+            "max_instances": 1,  # never two runs of one job in this process
+            "coalesce": True,  # runs missed while one was busy collapse into one
+            "misfire_grace_time": None,
+        })
+
+    def start(self) -> None:
+        now = datetime.now(UTC)
+        for w in self.workers:
+            self.scheduler.add_job(w.tick, trigger_for(w.runner.job), id=w.name, name=w.name, next_run_time=now)
+        self.scheduler.start()
+        for w in self.workers:
+            log.info("job=%s scheduled (%s)", w.name, _describe(w.runner.job))
+
+    def stop(self) -> None:
+        """Lets running ticks finish the batch in flight and commit, then releases the locks."""
+        self.stopping.set()
+        self.scheduler.shutdown(wait=True)
+        for w in self.workers:
+            w.lock.release()
+
+    def all_stopped(self) -> bool:
+        return all(w.stopped_reason for w in self.workers)
+
+
+def _describe(job: JobConfig) -> str:
+    if job.schedule and job.schedule.cron:
+        return f"cron {job.schedule.cron} UTC"
+    return f"every {job.schedule.every if job.schedule and job.schedule.every else DEFAULT_EVERY}"
+
+
+def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title: str = "qbridge run") -> int:
+    """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error.
+    `listen` (HOST:PORT) serves Prometheus metrics on /metrics and the status page on / meanwhile."""
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # qbridge logs its own line per batch
+    scheduler = Scheduler(runners)
+    server = None
+    if listen:
+        from bridge.service.metrics import MetricsServer
+
+        server = MetricsServer(listen, scheduler.workers, title)
+        server.start()
+    wake = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("%s received: finishing the batches in flight", signal.Signals(signum).name)
+        wake.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        scheduler.start()
+        while not wake.wait(1.0):
+            if scheduler.all_stopped():
+                log.error("every job has stopped on an error; exiting")
+                scheduler.stop()
+                return 1
+        scheduler.stop()
+        log.info("stopped cleanly")
+        return 0
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if server is not None:
+            server.stop()

@@ -1,0 +1,234 @@
+"""The status page `qbridge run --listen` serves on `/`: every job and queue, an hour of lag and
+throughput, and the quarantine with its reasons. Read-only, one self-contained HTML document
+(no scripts, no fonts or libraries fetched from elsewhere), reloaded by the browser itself.
+
+The hour of history is kept in memory, per minute: it starts empty when `qbridge run` starts
+and costs at most 60 buckets per queue. The numbers in the tables come from the same `status()`
+that `qbridge status --json` prints (through the listener's StatusCache).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from collections.abc import Callable
+from typing import Any
+
+from bridge.pipeline.stats import PassStats
+from bridge.service.view import WorkerView
+from bridge.timefmt import UTC
+
+HOUR = 60  # minutes of history kept
+REFRESH_SECONDS = 10
+QUARANTINE_SHOWN = 200  # newest first; the rest are counted and left to `qbridge quarantine list`
+
+
+@dataclass
+class Minute:
+    start: int  # epoch minute
+    delivered: int = 0
+    lag: float | None = None  # the largest lag seen in that minute
+
+
+class History:
+    """Per job, the last hour in one-minute buckets: messages delivered and the largest lag."""
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self.clock = clock
+        self._jobs: dict[str, deque[Minute]] = {}
+        self._lock = threading.Lock()
+
+    def _bucket(self, job: str) -> Minute:
+        now = int(self.clock() // 60)
+        minutes = self._jobs.setdefault(job, deque(maxlen=HOUR))
+        if not minutes or minutes[-1].start != now:
+            minutes.append(Minute(now))
+        while minutes and minutes[0].start <= now - HOUR:
+            minutes.popleft()
+        return minutes[-1]
+
+    def batch(self, job: str, stats: PassStats) -> None:
+        with self._lock:
+            m = self._bucket(job)
+            m.delivered += stats.delivered
+            if stats.lag_seconds is not None:
+                m.lag = max(m.lag or 0.0, stats.lag_seconds)
+
+    def lag(self, job: str, seconds: float | None) -> None:
+        """The lag `status()` reports now: keeps the line going while nothing is delivered."""
+        if seconds is None:
+            return
+        with self._lock:
+            m = self._bucket(job)
+            m.lag = max(m.lag or 0.0, seconds)
+
+    def series(self, job: str) -> list[Minute]:
+        """The last hour, one entry per minute, oldest first (minutes without data are empty)."""
+        with self._lock:
+            now = int(self.clock() // 60)
+            have = {m.start: m for m in self._jobs.get(job, ())}
+        return [have.get(s, Minute(s)) for s in range(now - HOUR + 1, now + 1)]
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _lag(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def chart(job: str, series: list[Minute]) -> str:
+    """An SVG of the hour: bars of messages delivered per minute, a line of the largest lag."""
+    w, h, pad = 720, 180, 36
+    inner_w, inner_h = w - 2 * pad, h - 2 * pad
+    top_n = max([m.delivered for m in series] + [1])
+    top_lag = max([m.lag for m in series if m.lag is not None] + [1.0])
+    step = inner_w / len(series)
+    bars: list[str] = []
+    points: list[tuple[str, str]] = []
+    for i, m in enumerate(series):
+        x = pad + i * step
+        if m.delivered:
+            bh = inner_h * m.delivered / top_n
+            bars.append(f'<rect class="throughput" x="{x + 1:.1f}" y="{pad + inner_h - bh:.1f}" width="{max(step - 2, 1):.1f}" '
+                        f'height="{bh:.1f}"><title>{m.delivered} delivered in minute {_minute(m.start)}</title></rect>')
+        if m.lag is not None:
+            points.append((f"{x + step / 2:.1f}", f"{pad + inner_h - inner_h * m.lag / top_lag:.1f}"))
+    line = f'<polyline class="lag" points="{" ".join(f"{px},{py}" for px, py in points)}"/>' if points else ""
+    dots = "".join(f'<circle class="lag" cx="{px}" cy="{py}" r="2"/>' for px, py in points)
+    return (
+        f'<svg class="chart" data-job="{_e(job)}" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+        f'aria-label="lag and throughput of {_e(job)} over the last hour">'
+        f'<rect class="frame" x="{pad}" y="{pad}" width="{inner_w}" height="{inner_h}"/>'
+        f'{"".join(bars)}{line}{dots}'
+        f'<text x="{pad}" y="{pad - 8}" class="axis">messages/min (bars, max {top_n})</text>'
+        f'<text x="{w - pad}" y="{pad - 8}" class="axis lagaxis" text-anchor="end">lag (line, max {top_lag:.1f} s)</text>'
+        f'<text x="{pad}" y="{h - 10}" class="axis">{_minute(series[0].start)} UTC</text>'
+        f'<text x="{w - pad}" y="{h - 10}" class="axis" text-anchor="end">{_minute(series[-1].start)} UTC</text>'
+        "</svg>"
+    )
+
+
+def _minute(epoch_minute: int) -> str:
+    return datetime.fromtimestamp(epoch_minute * 60, UTC).strftime("%H:%M")
+
+
+STYLE = """
+body{font:14px system-ui,sans-serif;margin:1.5em;color:#1d2430}
+h1{font-size:1.3em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.6em 0 .4em}
+.meta{color:#5a6472;margin-bottom:1em}
+table{border-collapse:collapse;margin:.4em 0} th,td{border:1px solid #d5dae1;padding:.3em .6em;text-align:left}
+th{background:#f1f4f8} td.n{text-align:right;font-variant-numeric:tabular-nums}
+.bad{color:#b3261e;font-weight:600} .ok{color:#1e7a3c}
+svg.chart{background:#fbfcfd;border:1px solid #d5dae1;margin:.4em 0}
+rect.frame{fill:none;stroke:#d5dae1} rect.throughput{fill:#7aa7e0}
+polyline.lag{fill:none;stroke:#c2410c;stroke-width:2} circle.lag{fill:#c2410c}
+text.axis{font-size:11px;fill:#5a6472} text.lagaxis{fill:#c2410c}
+td.reason{max-width:48em;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
+"""
+
+
+def render(title: str, workers: list[WorkerView], history: History, books_of: Callable[[WorkerView], dict[str, Any]]) -> str:
+    """The whole page; `books_of` gives a job's `status()` (the listener's shared reading)."""
+    parts = []
+    quarantine_rows: list[tuple[str, dict[str, Any]]] = []
+    quarantine_total = 0
+    for w in workers:
+        job = w.name
+        direction = "legacy → NServiceBus" if not w.runner.job.reverse else "NServiceBus → legacy"
+        try:
+            books = books_of(w)
+            error = books["source_error"]
+        except Exception as e:  # one database down must not take the page with it
+            books, error = None, str(getattr(e, "orig", None) or e).splitlines()[0]
+        history.lag(job, books["lag_seconds"] if books else None)
+        if w.stopped_reason:
+            state = f"stopped: {w.stopped_reason}"
+        elif w.failures:
+            state = f"retrying after {w.failures} failed attempt(s): {w.last_error}"
+        else:
+            state = "running"
+        parts.append(f'<h2 id="job-{_e(job)}">{_e(job)} <small>({_e(direction)}, {_e(w.runner.job.mode)})</small></h2>')
+        parts.append(f'<div class="meta">state: <span class="{"bad" if w.stopped_reason or w.failures else "ok"}">'
+                     f'<span class="state" data-job="{_e(job)}">{_e(state)}</span></span> · lock held by: <span class="lock" data-job="{_e(job)}">{_e(w.lock.holder())}</span>'
+                     + (f' · last success {_e(_when(w.last_success))}' if w.last_success else "") + "</div>")
+        if error:
+            parts.append(f'<p class="bad">database unreachable or failing: {_e(error)}</p>')
+        if books:
+            parts.append(_queue_table(job, books))
+        parts.append(chart(job, history.series(job)))
+        try:  # the newest only, without their raw rows: this runs on every reload
+            with w.runner.target_engine.connect() as conn:
+                rows = w.runner.state.quarantined(conn, job, raw=False, newest=QUARANTINE_SHOWN)
+        except Exception:
+            rows = []
+        quarantine_total += books["quarantined"] if books else len(rows)  # the ledger's count, as in the table above
+        quarantine_rows += [(job, r) for r in rows]
+    quarantine_rows.sort(key=lambda jr: jr[1]["at"], reverse=True)
+    parts.append(f'<h2 id="quarantine">Quarantine <small>({quarantine_total})</small></h2>')
+    parts.append(_quarantine_table(quarantine_rows[:QUARANTINE_SHOWN], quarantine_total))
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
+        f"<title>qbridge · {_e(title)}</title><style>{STYLE}</style></head><body>"
+        f"<h1>qbridge · {_e(title)}</h1>"
+        f'<div class="meta">as of <span id="generated">{now}</span> UTC · refreshes every {REFRESH_SECONDS} s · '
+        f'history kept in memory since this process started · <a href="/metrics">/metrics</a> · '
+        f'<a href="/status.json">/status.json</a></div>'
+        + "".join(parts) + "</body></html>"
+    )
+
+
+def _iso(text: str) -> str:
+    """An ISO 8601 UTC time as people read it: to the second, 'UTC' spelled out."""
+    return text[:19].replace("T", " ") + " UTC"
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+COLUMNS = (("backlog", "backlog"), ("lag", "lag_seconds"), ("delivered", "delivered"), ("skipped", "skipped"),
+           ("quarantined", "quarantined"), ("open gaps", "open_gaps"), ("last run", "last_run"))
+
+
+def _queue_table(job: str, books: dict[str, Any]) -> str:
+    head = "".join(f"<th>{_e(label)}</th>" for label, _ in COLUMNS)
+    body = []
+    for q in books["queues"]:
+        cells = []
+        for _, key in COLUMNS:
+            value = q[key]
+            if key == "lag_seconds":
+                shown = _lag(value)
+            elif key == "last_run":
+                shown = _iso(value) if value else "never"
+            else:
+                shown = "?" if value is None else value
+            css = "n" if key != "last_run" else ""
+            if key == "quarantined" and value:
+                css += " bad"
+            cells.append(f'<td class="{css}" data-field="{key}" data-value="{_e(value)}">{_e(shown)}</td>')
+        body.append(f'<tr data-job="{_e(job)}" data-queue="{_e(q["queue"])}"><td>{_e(q["queue"])}</td>{"".join(cells)}</tr>')
+    return f'<table class="queues"><tr><th>queue</th>{head}</tr>{"".join(body)}</table>'
+
+
+def _quarantine_table(rows: list[tuple[str, dict[str, Any]]], total: int) -> str:
+    if not rows:
+        return "<p>Nothing is quarantined.</p>"
+    body = "".join(
+        f'<tr class="quarantined" data-message-id="{_e(r["message_id"])}"><td>{_e(job)}</td><td>{_e(r["queue"])}</td>'
+        f'<td>{_e(r["source_key"])}</td><td>{_e(r["message_id"])}</td><td>{_e(_iso(r["at"]))}</td>'
+        f'<td class="reason">{_e(r["reason"])}</td></tr>'
+        for job, r in rows
+    )
+    more = (f"<p>{total - len(rows)} older ones are not shown: <code>qbridge quarantine list</code> has them all.</p>"
+            if total > len(rows) else "")
+    return ("<table><tr><th>job</th><th>queue</th><th>source key</th><th>message id</th><th>since</th><th>reason</th></tr>"
+            f"{body}</table>{more}<p>Replay after fixing the mapping: <code>qbridge quarantine replay -c CONFIG --id ID</code>; "
+            "give up with a reason: <code>qbridge quarantine discard -c CONFIG --id ID --why TEXT</code>.</p>")

@@ -1,0 +1,204 @@
+"""The OpenJMS reader specialised to OpenJMS's own layout (openjms_fast) against the generic
+Java-serialization reader: on every golden vector, on what the encoder writes for every body
+kind and property type, and on fuzzed input, it gives the generic reader's exact answer or
+declines (None), and `decode` then gives the generic answer. It must never give another answer."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bridge.codecs.openjms_blob import PKG, BlobError, JmsMessage, decode, decode_fast, decode_generic
+from bridge.codecs.openjms_encode import encode
+from tests.codecs.test_fuzz_decoders import OPENJMS, mutated
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "openjms"
+FUZZ = settings(max_examples=1000, deadline=timedelta(seconds=2), suppress_health_check=[HealthCheck.too_slow],
+                derandomize=True)
+
+
+def same_or_declined(blob: bytes) -> JmsMessage | None:
+    """The fast reader's answer, checked against the generic one: equal, or a decline."""
+    fast = decode_fast(blob)
+    try:
+        generic = decode_generic(blob)
+    except BlobError:
+        assert fast is None, "the fast reader read a blob the generic reader refuses"
+        return None
+    if fast is not None:
+        assert fast.to_json() == generic.to_json()
+    assert decode(blob).to_json() == generic.to_json()
+    return fast
+
+
+@pytest.mark.parametrize("path", OPENJMS, ids=[p.name for p in OPENJMS])
+def test_fast_reader_takes_every_fixture_and_agrees(path: Path) -> None:
+    assert same_or_declined(path.read_bytes()) is not None, "declined a blob OpenJMS itself wrote"
+
+
+def test_every_fixture_agrees_in_any_order() -> None:
+    # Descriptors are remembered across blobs: a blob read after others must read the same.
+    blobs = [p.read_bytes() for p in OPENJMS]
+    first = [decode_fast(b).to_json() for b in blobs]
+    assert [decode_fast(b).to_json() for b in reversed(blobs)] == first[::-1]
+
+
+# -- blobs the encoder writes ---------------------------------------------------------------------
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def typed(kind: str, value: Any) -> dict[str, Any]:
+    return {"type": kind, "base64": b64(value)} if kind == "byte[]" else {"type": kind, "value": value}
+
+
+def float32(x: float) -> float:
+    return struct.unpack(">f", struct.pack(">f", x))[0]
+
+
+_text = st.text(max_size=60)
+_values = st.one_of(
+    st.builds(lambda v: typed("java.lang.String", v), st.text(max_size=300)),
+    st.builds(lambda v: typed("java.lang.Boolean", v), st.booleans()),
+    st.builds(lambda v: typed("java.lang.Byte", v), st.integers(-128, 127)),
+    st.builds(lambda v: typed("java.lang.Short", v), st.integers(-2**15, 2**15 - 1)),
+    st.builds(lambda v: typed("java.lang.Character", v),
+              st.characters(max_codepoint=0xFFFF, exclude_categories=["Cs"])),
+    st.builds(lambda v: typed("java.lang.Integer", v), st.integers(-2**31, 2**31 - 1)),
+    st.builds(lambda v: typed("java.lang.Long", v), st.integers(-2**63, 2**63 - 1)),
+    st.builds(lambda v: typed("java.lang.Float", float32(v)), st.floats(allow_nan=False, width=32)),
+    st.builds(lambda v: typed("java.lang.Double", v), st.floats(allow_nan=False)),
+    st.builds(lambda v: typed("byte[]", v), st.binary(max_size=200)),
+    st.just({"type": None, "value": None}),
+)
+_plain_destination = st.builds(lambda name, kind, persistent: {"name": name, "kind": kind, "temporary": False,
+                                                                "persistent": persistent},
+                               _text, st.sampled_from(["queue", "topic"]), st.booleans())
+_temporary_destination = st.builds(
+    lambda name, kind, connection: {"name": name, "kind": kind, "temporary": True, "persistent": False,
+                                    "connectionId": connection},
+    _text, st.sampled_from(["queue", "topic"]), st.one_of(st.integers(-2**63, 2**63 - 1), st.none(), _text))
+_bodies = st.one_of(
+    st.tuples(st.just("TextMessageImpl"), st.builds(lambda t: {"text": t}, st.one_of(st.none(), st.text(max_size=3000)))),
+    st.tuples(st.just("BytesMessageImpl"), st.builds(lambda b: {"base64": b64(b)}, st.binary(max_size=3000))),
+    st.tuples(st.just("ObjectMessageImpl"), st.builds(lambda b: {"base64": b64(b)}, st.binary(max_size=300))),
+    st.tuples(st.just("MapMessageImpl"), st.builds(lambda m: {"map": m}, st.dictionaries(_text, _values, max_size=20))),
+    st.tuples(st.just("StreamMessageImpl"), st.builds(lambda v: {"values": v}, st.lists(_values, max_size=20))),
+    st.tuples(st.just("MessageImpl"), st.just({})),
+)
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> JmsMessage:
+    cls, body = draw(_bodies)
+    optional = lambda s: draw(st.one_of(st.none(), s))  # noqa: E731
+    headers = {
+        "JMSMessageID": optional(st.builds(lambda t: "ID:" + t, _text)),
+        "JMSCorrelationID": optional(st.one_of(_text, st.builds(lambda t: "ID:" + t, _text))),
+        "JMSReplyTo": optional(st.one_of(_plain_destination, _temporary_destination)),
+        "JMSDestination": optional(_plain_destination),
+        "JMSType": optional(_text),
+        "JMSDeliveryMode": optional(st.sampled_from([1, 2])),
+        "JMSPriority": optional(st.integers(0, 9)),
+        "JMSTimestamp": optional(st.integers(-2**63, 2**63 - 1)),
+        "JMSExpiration": draw(st.integers(-2**63, 2**63 - 1)),
+        "JMSRedelivered": draw(st.booleans()),
+    }
+    internal = {"readOnly": draw(st.booleans()), "processed": draw(st.booleans()),
+                "acceptedTime": draw(st.integers(0, 2**62)), "sequenceNumber": draw(st.integers(0, 2**62)),
+                "wildcard": optional(_text), "consumerIdString": optional(_text),
+                "consumerId": draw(st.integers(0, 2**62))}
+    properties = draw(st.dictionaries(st.text(min_size=1, max_size=40), _values, max_size=25))
+    return JmsMessage(PKG + cls, cls.removesuffix("Impl"), headers, properties, body, internal)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(messages())
+def test_encoder_blobs_of_every_body_and_property_type_agree(msg: JmsMessage) -> None:
+    assert same_or_declined(encode(msg)) is not None, "declined a blob in OpenJMS's own layout"
+
+
+def test_every_body_kind_and_property_type_is_taken() -> None:
+    props = {f"p{i}": v for i, v in enumerate([
+        typed("java.lang.String", "s"), typed("java.lang.Boolean", True), typed("java.lang.Byte", -3),
+        typed("java.lang.Short", 300), typed("java.lang.Character", "\u00e9"), typed("java.lang.Integer", 7),
+        typed("java.lang.Long", 2**40), typed("java.lang.Float", 1.5), typed("java.lang.Double", 0.1),
+        typed("byte[]", b"\x00\xff"), {"type": None, "value": None}])}
+    bodies = {"TextMessageImpl": {"text": "x" * 70000}, "BytesMessageImpl": {"base64": b64(bytes(5000))},
+              "ObjectMessageImpl": {"base64": "rO0ABQ=="}, "MapMessageImpl": {"map": props},
+              "StreamMessageImpl": {"values": list(props.values())}, "MessageImpl": {}}
+    for cls, body in bodies.items():
+        msg = JmsMessage(PKG + cls, cls.removesuffix("Impl"), {"JMSMessageID": "ID:1", "JMSExpiration": 0}, props, body)
+        fast = same_or_declined(encode(msg))
+        assert fast is not None and fast.body == body and fast.properties == props, cls
+
+
+# -- fuzzed input: the same answer or a decline, never another answer or an exception -------------
+_encoded = messages().map(encode)
+
+
+@st.composite
+def structural(draw: st.DrawFn, seeds: st.SearchStrategy[bytes]) -> bytes:
+    """A blob with bytes set to the values the stream's grammar turns on: type codes, lengths,
+    handle numbers and versions."""
+    data = bytearray(draw(seeds))
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data) - 1))
+        data[at] = draw(st.sampled_from([*range(0x70, 0x7F), 0x00, 0x01, 0x02, 0x08, 0x0C, 0x7E, 0x80, 0xFF]))
+    return bytes(data)
+
+
+@FUZZ
+@given(st.one_of(mutated(OPENJMS), structural(st.sampled_from(OPENJMS).map(Path.read_bytes)),
+                 st.binary(max_size=512).map(lambda b: b"\xac\xed\x00\x05" + b)))
+def test_mutated_fixtures_and_random_streams_agree_or_decline(blob: bytes) -> None:
+    same_or_declined(blob)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(structural(_encoded))
+def test_mutated_encoder_blobs_agree_or_decline(blob: bytes) -> None:
+    same_or_declined(blob)
+
+
+# -- what only the generic reader reads ----------------------------------------------------------
+def _fixture(name: str) -> bytes:
+    return (FIXTURES / name).read_bytes()
+
+
+def _leftover_in_timestamp() -> bytes:
+    blob = _fixture("text_simple.bin")
+    at = blob.index(b"java.util.Date")
+    at = blob.index(b"\x77\x10", at)  # the Timestamp's payload: long version, long millis
+    return blob[:at] + b"\x77\x11" + blob[at + 2:at + 18] + b"\x00" + blob[at + 18:]
+
+
+def _other_hashmap_field() -> bytes:
+    return _fixture("text_simple.bin").replace(b"threshold", b"threshole")
+
+
+@pytest.mark.parametrize("make", [_leftover_in_timestamp, _other_hashmap_field])
+def test_what_the_fast_reader_does_not_expect_goes_to_the_generic_reader(make) -> None:
+    blob = make()
+    decode_fast(_fixture("text_simple.bin"))  # its descriptors remembered first
+    assert decode_fast(blob) is None
+    assert decode(blob).to_json() == decode_generic(blob).to_json()
+
+
+def test_a_pre_076_message_id_is_read_alike() -> None:
+    # Version 1 wrote the id as a String object without "ID:"; no back-reference follows it in
+    # plain_msg, so the extra handle shifts nothing.
+    blob = _fixture("plain_msg.bin")
+    at = blob.index(b"\x77", blob.index(b"org.exolab.jms.message.MessageId"))
+    end = at + 2 + blob[at + 1]
+    text = blob[at + 12:end].removeprefix(b"ID:")
+    v1 = blob[:at] + b"\x77\x08" + struct.pack(">q", 1) + b"\x74" + struct.pack(">H", len(text)) + text + blob[end:]
+    fast = same_or_declined(v1)
+    assert fast is not None and fast.headers["JMSMessageID"] == "ID:" + text.decode()

@@ -67,9 +67,9 @@ def main() -> None:
         (work / "mapping.toml").write_text('[routes]\n"*" = "Orders"\n')
         cfg = work / "bt.toml"
         cfg.write_text(CONFIG.format(pg=args.pg, host=HOST, src=SRC, tgt=TGT))
-        subprocess.run([sys.executable, "-m", "bridge.commands.main", "init", "-c", str(cfg)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], check=True, capture_output=True)
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "--once", "-c", str(cfg)], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(cfg)], capture_output=True, text=True)
         seconds = time.perf_counter() - started
     if done.returncode:
         sys.exit(done.stderr[-2000:])

@@ -125,7 +125,7 @@ class Bridge:
         self.log = (work / "run.log").open("ab")
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bridge.commands.main", "run", "-c", str(self.config)], cwd=self.work,
+        self.proc = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(self.config)], cwd=self.work,
                                      stdout=self.log, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:

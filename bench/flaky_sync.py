@@ -41,7 +41,7 @@ def run(url: str, work: Path, proxy: FaultProxy, n: int, batch: int, cut: float,
     proxy.counts.clear()
     proxy.cut_before_commit = proxy.cut_after_commit = cut / 2
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "--once", "--retries", str(retries), "-c", str(cfg)], cwd=work,
+    done = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "--retries", str(retries), "-c", str(cfg)], cwd=work,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - started
     proxy.cut_before_commit = proxy.cut_after_commit = 0.0

@@ -118,9 +118,9 @@ def measure(pg: str, schemas: tuple[str, ...], table: Any, mapping: str, config:
         (work / "mapping.toml").write_text(mapping)
         cfg = work / "lag.toml"
         cfg.write_text(config)
-        subprocess.run([sys.executable, "-m", "bridge.commands.main", "init", "-c", str(cfg)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], check=True, stdout=subprocess.DEVNULL)
         log = open(work / "run.log", "wb")
-        run = subprocess.Popen([sys.executable, "-m", "bridge.commands.main", "run", "-c", str(cfg)], stderr=log)
+        run = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(cfg)], stderr=log)
         committed: dict = {}
         arrived: dict = {}
         duplicates: list = []

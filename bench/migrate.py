@@ -382,7 +382,7 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
     sql(url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', f'CREATE SCHEMA "{schema}"')
     cfg = work / f"{schema}.toml"
     cfg.write_text(CONFIG.format(pg=url, queue=QUEUE, tz=TZ, src=SRC, tgt=schema))
-    subprocess.run([sys.executable, "-m", "bridge.commands.main", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
 ENGINES = "abcdefg"
@@ -428,9 +428,9 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         ("f", REF, [py, me, "--floor", url]),
         ("c", REF, [py, me, "--reference", url]),
         ("e", DLT, [py, me, "--dlt", url]),
-        ("a", TGT, [py, "-m", "bridge.commands.main", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
+        ("a", TGT, [py, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
         ("g", REF, [py, me, "--own-rows", url]),  # reads what (a) wrote: after (a), before (b) replaces it
-        ("b", TGT, [py, "-m", "bridge.commands.main", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
+        ("b", TGT, [py, "-m", "bridge", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
     ):
         if name not in engines:
             continue
@@ -468,7 +468,7 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
                   f"({size / (n * PER_MESSAGE_LEDGER):.2%} of the {n * PER_MESSAGE_LEDGER / 2**20:,.0f} MiB "
                   f"a per-message ledger took at {PER_MESSAGE_LEDGER} B a message)", flush=True)
             # `verify` of what (a) moved: the source ids merged with the ledger as two streams.
-            v_seconds, v_peak, _, _ = timed([py, "-m", "bridge.commands.main", "verify", "-c", str(work / f"{TGT}.toml")], work)
+            v_seconds, v_peak, _, _ = timed([py, "-m", "bridge", "verify", "-c", str(work / f"{TGT}.toml")], work)
             results["verify"] = (v_seconds, v_peak, n)
             print(f"      verify {v_seconds:.1f} s, peak RSS {v_peak / 2**20:.0f} MiB, balanced", flush=True)
     return results

@@ -41,9 +41,9 @@ def main() -> None:
         bench.fresh_target(args.pg, work, TGT)
         cfg = str(work / f"{TGT}.toml")
         results = {}
-        for name, cmd in (("discover", [py, "-m", "bridge.commands.main", "discover", args.pg, "--schema", bench.SRC, "--json"]),
-                          ("preview", [py, "-m", "bridge.commands.main", "preview", "-c", cfg, "--json"]),
-                          ("migrate", [py, "-m", "bridge.commands.main", "migrate", "-c", cfg])):
+        for name, cmd in (("discover", [py, "-m", "bridge", "discover", args.pg, "--schema", bench.SRC, "--json"]),
+                          ("preview", [py, "-m", "bridge", "preview", "-c", cfg, "--json"]),
+                          ("migrate", [py, "-m", "bridge", "migrate", "-c", cfg])):
             seconds, peak, err, cpu = bench.timed(cmd, work)
             results[name] = (seconds, peak)
             print(f"  {name:8} {seconds:7.1f} s  {args.rows / seconds:9,.0f} rows/s  peak RSS {peak / 2**20:5.0f} MiB  "

@@ -84,10 +84,10 @@ def main() -> None:
         (work / "mapping.toml").write_text(scan.MAPPING)
         cfg = work / "retention.toml"
         cfg.write_text(CONFIG.format(pg=args.pg, src=SRC, tgt=TGT))
-        subprocess.run([sys.executable, "-m", "bridge.commands.main", "init", "-c", str(cfg)], cwd=work, check=True,
+        subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True,
                        stdout=subprocess.DEVNULL)
         log = (work / "run.log").open("w")
-        run = subprocess.Popen([sys.executable, "-m", "bridge.commands.main", "run", "-c", str(cfg)], cwd=work, stdout=log,
+        run = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(cfg)], cwd=work, stdout=log,
                                stderr=subprocess.STDOUT)
         stop, fed = threading.Event(), [0]
         feeder = threading.Thread(target=feed, args=(args.pg, args.rate, args.seconds, stop, fed))

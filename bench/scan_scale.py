@@ -81,10 +81,10 @@ def main() -> None:
             print(f"seeding {n:,} OpenJMS handles ...", flush=True)
             seed(args.pg, n)
             bench.sql(args.pg, f'DROP SCHEMA IF EXISTS "{TGT}" CASCADE', f'CREATE SCHEMA "{TGT}"')
-            subprocess.run([py, "-m", "bridge.commands.main", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([py, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
             results[n] = {}
             for name, cmd in (("migrate", ["migrate"]), ("sync", ["sync", "--once"]), ("verify", ["verify", "--json"])):
-                seconds, peak, _, _ = timed([py, "-m", "bridge.commands.main", *cmd, "-c", str(cfg)], work)
+                seconds, peak, _, _ = timed([py, "-m", "bridge", *cmd, "-c", str(cfg)], work)
                 results[n][name] = (seconds, peak)
                 rate = f"  {n / seconds:8,.0f} handles/s" if name == "migrate" else ""
                 print(f"  {name:8} {seconds:7.1f} s  peak RSS {peak / 2**20:6.0f} MiB{rate}", flush=True)

@@ -60,12 +60,12 @@ mapping  = "mapping.toml"
 mode     = "move"
 schedule = {{ every = "2s" }}
 """)
-    subprocess.run([sys.executable, "-m", "bridge.commands.main", "init", "-c", str(config)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(config)], check=True, capture_output=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp / "run.log", "wb")
-    run = subprocess.Popen([sys.executable, "-m", "bridge.commands.main", "run", "-c", str(config), "--listen", f"127.0.0.1:{port}"],
+    run = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(config), "--listen", f"127.0.0.1:{port}"],
                            stderr=log)
     try:
         start, n = time.monotonic(), 0

@@ -153,7 +153,7 @@ late_commit_window = "{self.window}"
         return JobRunner(config, config.jobs[0])
 
     def spawn_args(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "bridge.commands.main", args[0], "-c", str(self.config), *args[1:]]
+        return [sys.executable, "-m", "bridge", args[0], "-c", str(self.config), *args[1:]]
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.spawn_args(*args), env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,

@@ -1,31 +1,37 @@
-"""The `qbridge` command: demo, init, migrate, sync, verify, status (contract in GUIDE.md)."""
+"""The `qbridge` command line: its parser, and each command handed to the module of its family
+(contract in GUIDE.md and docs/commands.md)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
-import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, ContextManager
+from collections.abc import Callable, Sequence
 
-import orjson
-from rich.table import Table
 from sqlalchemy import exc as sa_exc
 
-from bridge.commands.common import err, out, runners_of
-from bridge.config import load_config
+from bridge.commands.common import err, out
+from bridge.commands.jobs import LOCK_WAIT
+from bridge.errors import BridgeError
 from bridge.lifecycle.blob_inspect import INSPECTORS
-from bridge.errors import BridgeError, UsageError
-from bridge.pipeline.loop import JobRunner
-from bridge.pipeline.stats import summary_table
-from bridge.commands.quarantine import quarantine_command
 
-# Piped output (CI logs, `| less`) gets room for the summary tables instead of 80 columns.
-
-
-LOCK_WAIT = 30.0  # seconds `sync` and `migrate` wait for a job's lock
+# Each command's handler, "module:function", imported when that command runs.
+HANDLERS: dict[str, str] = {
+    "demo": "bridge.commands.main:cmd_demo",
+    "discover": "bridge.commands.discover:discover_command",
+    "preview": "bridge.commands.preview:preview_command",
+    "init": "bridge.commands.books:cmd_init",
+    "migrate": "bridge.commands.jobs:cmd_migrate",
+    "sync": "bridge.commands.jobs:cmd_sync",
+    "run": "bridge.commands.jobs:cmd_run",
+    "verify": "bridge.commands.books:cmd_verify",
+    "status": "bridge.commands.books:cmd_status",
+    "ledger": "bridge.commands.books:cmd_ledger",
+    "rollback": "bridge.commands.rollback:rollback_command",
+    "quarantine": "bridge.commands.quarantine:quarantine_command",
+    "inspect": "bridge.commands.inspect:cmd_inspect",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -114,9 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level = "INFO"
     logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    handler: Callable[[argparse.Namespace], int] = (quarantine_command if args.command == "quarantine"
-                                                     else globals()[f"cmd_{args.command}"])
+    module, _, name = HANDLERS[args.command].partition(":")
     try:
+        handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
         return handler(args)
     except BridgeError as e:
         err.print(f"qbridge: {_label(e)}: {e}", markup=False, highlight=False)
@@ -136,226 +142,6 @@ def _label(e: BridgeError) -> str:
     if isinstance(e, DriverMissing):
         return "missing driver"
     return "config error" if isinstance(e, ConfigError) or e.exit_code == 2 else "error"
-
-
-def cmd_discover(args: argparse.Namespace) -> int:
-    from bridge.commands.discover import discover_command
-
-    return discover_command(args)
-
-
-def cmd_preview(args: argparse.Namespace) -> int:
-    from bridge.commands.preview import preview_command
-
-    return preview_command(args)
-
-
-def cmd_rollback(args: argparse.Namespace) -> int:
-    from bridge.commands.rollback import rollback_command
-
-    return rollback_command(args, _holding)
-
-
-def cmd_init(args: argparse.Namespace) -> int:
-    from bridge.lifecycle import init as provision
-    config = load_config(args.config)
-    plans = provision.plan(config, config.select(args.job))
-    for p in plans:
-        if args.print_sql:
-            for line in provision.sql_for_dba(p):
-                out.print(line, markup=False, highlight=False)
-            continue
-        say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
-        upgrades = ((provision.convert_ledger, "converted the ledger's {:,} entries to the (origin, source key) layout"),
-                    (provision.add_ledger_totals, "counted the ledger's {:,} entries into per-queue totals (qbridge_totals)"),
-                    (provision.fold_ranges, "folded the ledger's {:,} NGinn entries into ranges (qbridge_ledger_ranges)"))
-        for upgrade, done in upgrades:
-            n = upgrade(p, say)
-            if n is not None:
-                out.print(f"{p.connection}: " + done.format(n), markup=False, highlight=False)
-        created, existing = provision.create_missing(p)
-        if p.has_state:
-            from bridge.ledger.giveback import unclaimed, unclaimed_advice
-            from bridge.db import engine_for
-            from bridge.ledger.state import State
-
-            for j, q, n in unclaimed(engine_for(p.url), State(p.schema), config.jobs):
-                err.print(f"warning: {unclaimed_advice(j, q, n)}", markup=False, highlight=False)
-        added = [e for e in existing if "(index" in e]
-        out.print(f"{p.connection}: created {len(created)} table(s){': ' + ', '.join(created) if created else ''}; "
-                  f"{len(existing)} already existed and were left alone{' but for ' + ', '.join(added) if added else ''}",
-                  markup=False, highlight=False)
-    return 0
-
-
-def _holding(args: argparse.Namespace, runners: list[JobRunner]) -> ContextManager[None]:
-    """The jobs' locks, which `qbridge run` takes too, for the whole command."""
-    from bridge.ledger.joblock import holding, identity
-
-    if args.lock_wait < 0:
-        raise UsageError("--lock-wait must be 0 or more seconds")
-    return _fenced(runners, holding([(r.target_engine, r.state.checkpoint.schema, r.job.name, r.job.target.connection)
-                                     for r in runners], args.lock_wait, identity(args.command), attempts=args.retries))
-
-
-@contextmanager
-def _fenced(runners: list[JobRunner], held: ContextManager[dict[str, Any]]) -> Iterator[None]:
-    """Each runner checks its job's fence, taken with the lock, in every transaction it commits."""
-    with held as fences:
-        for r in runners:
-            r.fence = fences.get(r.job.name)
-        try:
-            yield
-        finally:
-            for r in runners:
-                r.fence = None
-
-
-def cmd_sync(args: argparse.Namespace) -> int:
-    from bridge.pipeline.inprocess import run_inprocess
-
-    _, runners = runners_of(args)
-    with _holding(args, runners):
-        out.print(summary_table(run_inprocess(runners, console=err, attempts=args.retries)))
-    return 0
-
-
-def cmd_migrate(args: argparse.Namespace) -> int:
-    from bridge.pipeline.spark import run_spark
-
-    config, runners = runners_of(args)
-    if args.unit_rows is not None and args.unit_rows < 1:
-        raise UsageError("--unit-rows must be at least 1")
-    master = args.master
-    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
-        master = "local[*]"
-    with _holding(args, runners):
-        out.print(summary_table(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows,
-                                          attempts=args.retries)))
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from bridge.service.scheduler import run_until_stopped
-
-    config, runners = runners_of(args)
-    listen = args.listen or (config.service.listen if config.service else None)
-    if listen:
-        from bridge.listen import parse_listen
-
-        parse_listen(listen)  # a bad address is a usage error before anything starts
-    return run_until_stopped(runners, listen, str(args.config))
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from bridge.lifecycle.verify import verify
-
-    config, runners = runners_of(args)
-    books = [verify(r, deep=args.deep) for r in runners]
-    owed = unclaimed_givebacks(config, runners)
-    balanced = all(b.balanced for b in books) and not owed
-    if args.json:
-        sys.stdout.write(orjson.dumps({"balanced": balanced, "jobs": [b.to_json() for b in books],
-                                       "unclaimed_givebacks": [{"job": j, "queue": q, "rows": n, "advice": a}
-                                                               for j, q, n, a in owed]}).decode() + "\n")
-    else:
-        t = Table(title="qbridge verify")
-        for col in ("job", "queue", "source rows", "delivered", "skipped", "quarantined", "pending", "missing", "backlog", "balanced"):
-            t.add_column(col, justify="left" if col in ("job", "queue") else "right")
-        for b in books:
-            for q in b.queues:
-                t.add_row(b.job, q.queue, str(q.source_rows), str(q.delivered), str(q.skipped), str(q.quarantined),
-                          str(q.pending), str(q.missing), str(q.backlog), "yes" if q.balanced else "NO")
-        out.print(t)
-        for b in books:
-            for q in b.queues:
-                if q.missing_keys:
-                    out.print(f"job {b.job} queue {q.queue}: missing source keys {', '.join(q.missing_keys)}", markup=False)
-                for rule, n in sorted(q.skipped_by_rule.items()):
-                    out.print(f"job {b.job} queue {q.queue}: skipped {n} by rule: {rule}", markup=False)
-                if q.deep is not None:
-                    d = q.deep
-                    out.print(f"job {b.job} queue {q.queue}: deep check compared {d['compared']} delivered messages with "
-                              f"their source rows: {d['matched']} match, {d['mismatched']} differ; {d['consumed']} already "
-                              f"consumed from the target", markup=False)
-                    if d["mismatched_keys"]:
-                        out.print(f"  differing source keys: {', '.join(d['mismatched_keys'])}", markup=False)
-            for s in b.unroutable_subscriptions:
-                out.print(f"job {b.job}: subscription not migrated: {s['endpoint']} -> {s['topic']} ({s['reason']})", markup=False)
-        for *_, advice in owed:
-            out.print(f"NOT BALANCED: {advice}", markup=False, highlight=False)
-    return 0 if balanced else 1
-
-
-def unclaimed_givebacks(config: Any, runners: list[JobRunner]) -> list[tuple[str, str, int, str]]:
-    """Owed give-backs no job of the config can finish, per target state schema, with the advice."""
-    from bridge.ledger.giveback import unclaimed, unclaimed_advice
-
-    out, seen = [], set()
-    for r in runners:
-        where = (r.job.target.connection, r.state.givebacks.schema)
-        if where in seen:
-            continue
-        seen.add(where)
-        out += [(j, q, n, unclaimed_advice(j, q, n)) for j, q, n in unclaimed(r.target_engine, r.state, config.jobs)]
-    return out
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from bridge.lifecycle.verify import status
-
-    _, runners = runners_of(args)
-    rows = [status(r) for r in runners]
-    if args.json:
-        sys.stdout.write(orjson.dumps({"jobs": rows}).decode() + "\n")
-        return 0
-    t = Table(title="qbridge status")
-    for col in ("job", "mode", "last run", "rows moved", "lag", "backlog", "quarantined"):
-        t.add_column(col)
-    for r in rows:
-        lag = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}s"
-        backlog = "?" if r["backlog"] is None else str(r["backlog"])
-        t.add_row(r["job"], r["mode"], r["last_run"] or "never", str(r["rows_moved"]), lag, backlog, str(r["quarantined"]))
-    out.print(t)
-    for r in rows:
-        if r["source_error"]:
-            out.print(f"job {r['job']}: legacy database unreachable, backlog unknown: {r['source_error']}", markup=False)
-    return 0
-
-
-def cmd_ledger(args: argparse.Namespace) -> int:
-    from bridge.lifecycle.prune import prune
-
-    _, runners = runners_of(args)
-    results = [p for r in runners for p in prune(r, dry_run=args.dry_run)]
-    if args.json:
-        sys.stdout.write(orjson.dumps({"dry_run": args.dry_run, "queues": [p.as_dict() for p in results]}).decode() + "\n")
-        return 0
-    t = Table(title="qbridge ledger prune" + (" (dry run: nothing removed)" if args.dry_run else ""))
-    for col in ("job", "queue", "older than retention", "would remove" if args.dry_run else "removed", "source row still there"):
-        t.add_column(col, justify="left" if col in ("job", "queue") else "right")
-    for p in results:
-        t.add_row(p.job, p.queue, str(p.looked_at), str(p.removed), str(p.still_in_source))
-    out.print(t)
-    return 0
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from bridge.errors import UnreadableBlob
-
-    try:
-        blobs = [open(f, "rb").read() for f in args.files]
-    except OSError as e:
-        raise UnreadableBlob(f"{e.filename}: {e.strerror}") from None
-    try:
-        result = INSPECTORS[args.kind](blobs)
-    except ValueError as e:
-        raise UnreadableBlob(f"{', '.join(args.files)}: {e}") from None
-    if args.json:
-        sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        out.print_json(data=result)
-    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -10,11 +10,12 @@ import sqlalchemy as sa
 from rich.table import Table
 
 from bridge.commands.common import out, runners_of
+from bridge.commands.jobs import holding
 from bridge.errors import UsageError
 from bridge.lifecycle.rollback import Withdrawal, check, rollback, row_key
 
 
-def rollback_command(args: argparse.Namespace, holding) -> int:
+def rollback_command(args: argparse.Namespace) -> int:
     if not args.job:
         raise UsageError("rollback withdraws one job's messages: give --job NAME")
     config, [runner] = runners_of(args)

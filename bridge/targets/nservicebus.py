@@ -13,7 +13,7 @@ from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.targets.base import Skipped, Target
 from bridge.targets.envelope import Outgoing, envelope, plain_envelope
-from bridge.schemas.nservicebus import TargetTables, transport_tables
+from bridge.schemas.nservicebus import transport_tables
 from bridge.targets.writer import TargetWriter
 
 

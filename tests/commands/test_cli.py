@@ -15,7 +15,7 @@ from helpers import Bridge
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bridge.commands.main", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run([sys.executable, "-m", "bridge", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def app_role(pg_server: str) -> Iterator[str]:
 
 
 def qbridge(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bridge.commands.main", args[0], "-c", str(config), *args[1:]],
+    return subprocess.run([sys.executable, "-m", "bridge", args[0], "-c", str(config), *args[1:]],
                           capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
 
 
@@ -92,7 +92,7 @@ def test_a_missing_environment_variable_is_a_config_error_naming_it(tmp_path: Pa
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
     b.config.write_text(b.config.read_text().replace(f'"sqlite:///{tmp_path}/n.db"', '"postgresql+psycopg://u:${QB_NOT_SET_PW}@h/db"'))
     env = {k: v for k, v in os.environ.items() if k != "QB_NOT_SET_PW"}
-    r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "status", "-c", str(b.config)], capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-m", "bridge", "status", "-c", str(b.config)], capture_output=True, text=True, env=env)
     assert r.returncode == 2
     assert "QB_NOT_SET_PW" in r.stderr and "bridge.toml" in r.stderr, r.stderr
     b.dispose()

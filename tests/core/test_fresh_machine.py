@@ -68,7 +68,7 @@ def test_a_configured_but_absent_odbc_driver_names_the_package(tmp_path: Path, m
     (tmp_path / "c.toml").write_text(CONFIG.replace("mssql+pyodbc://u:s3cret@legacy-dsn", url)
                                      .replace("mssql+pyodbc://u:s3cret@nsb-dsn", "sqlite:///nsb.db")
                                      .replace('flavor = "sqlserver"', 'flavor = "postgresql"'))
-    r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "--once", "-c", "c.toml"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "-c", "c.toml"], capture_output=True,
                        text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 2, r.stderr
     text = " ".join(r.stderr.split())
@@ -101,7 +101,7 @@ source = {{ system = "nginn", connection = "legacy", queues = ["MQueue1"], timez
 target = {{ connection = "nsb", flavor = "postgresql" }}
 mapping = "m.toml"
 """)
-    run = [sys.executable, "-m", "bridge.commands.main"]
+    run = [sys.executable, "-m", "bridge"]
     assert subprocess.run([*run, "init", "-c", "c.toml"], cwd=tmp_path, capture_output=True).returncode == 0
     debug = subprocess.run([*run, "--log-level", "DEBUG", "migrate", "-c", "c.toml", "--master", "local[1]"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -102,13 +102,13 @@ def test_a_role_with_select_rights_alone_runs_it(tmp_path: Path, pg_server: str,
     b.config.write_text(b.config.read_text().replace(f'"{pg_server}"', f'"{url}"'))
     with b.target.connect() as conn:
         before = conn.execute(sa.text(f'select count(*) from "{pg_schema}".qbridge_checkpoint')).scalar_one()
-    r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "preview", "-c", str(b.config), "--json"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "bridge", "preview", "-c", str(b.config), "--json"], capture_output=True,
                        text=True, env={**__import__("os").environ, "QB_TEST_PG_PASSWORD": PASSWORD}, timeout=120)
     assert r.returncode == 0, r.stderr
     [job] = json.loads(r.stdout)["jobs"]
     assert job["queues"][0]["tables"] == {"Orders": 30}
     # The same role cannot sync: it would have to write (so preview really wrote nothing).
-    r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "--once", "-c", str(b.config), "--retries", "1"],
+    r = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(b.config), "--retries", "1"],
                        capture_output=True, text=True, env={**__import__("os").environ, "QB_TEST_PG_PASSWORD": PASSWORD},
                        timeout=120)
     assert r.returncode == 1 and "permission denied" in r.stderr

@@ -14,7 +14,7 @@ from helpers import Bridge
 
 
 def verify_json(b: Bridge, *args: str) -> tuple[int, dict]:
-    r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "verify", "-c", str(b.config), "--json", *args],
+    r = subprocess.run([sys.executable, "-m", "bridge", "verify", "-c", str(b.config), "--json", *args],
                        capture_output=True, text=True)
     return r.returncode, orjson.loads(r.stdout)
 

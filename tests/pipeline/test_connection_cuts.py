@@ -140,7 +140,7 @@ def test_qbridge_run_in_move_mode_with_commits_cut_delivers_each_message_once(tm
 
     direct, via = _through(tmp_path, proxy, pg_server, pg_schema, 100, batch_size=20, mode="move", schedule='every = "1s"')
     proxy.cut_before_commit = proxy.cut_after_commit = 0.05
-    run = subprocess.Popen([sys.executable, "-m", "bridge.commands.main", "run", "-c", str(via)], stdout=subprocess.DEVNULL,
+    run = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(via)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE)
     try:
         direct.insert(direct.ready(100, start=1000))

@@ -59,7 +59,7 @@ def test_target_restarted_mid_batch_is_retried_and_nothing_doubles(pg_bridge: Br
 def test_source_unreachable_stops_cleanly_naming_the_connection(pg_bridge: Bridge) -> None:
     b = pg_bridge
     b.config.write_text(b.config.read_text().replace(f'legacy = "{b.source_url}"', 'legacy = "postgresql+psycopg://qb:pw@127.0.0.1:1/legacy"'))
-    r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "-c", str(b.config), "--once", "--retries", "2"],
+    r = subprocess.run([sys.executable, "-m", "bridge", "sync", "-c", str(b.config), "--once", "--retries", "2"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "legacy" in r.stderr and "attempt 1 of 2" in r.stderr and "pw@" not in r.stderr, r.stderr
@@ -78,7 +78,7 @@ def test_a_statement_timeout_is_retried_until_the_lock_is_gone(pg_bridge: Bridge
     tx = holder.begin()
     holder.execute(sa.text(f'select * from "{b.target_schema}".qbridge_checkpoint for update'))
     threading.Timer(2.5, tx.rollback).start()
-    r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "-c", str(b.config), "--once"],
+    r = subprocess.run([sys.executable, "-m", "bridge", "sync", "-c", str(b.config), "--once"],
                        capture_output=True, text=True, timeout=120)
     holder.close()
     assert r.returncode == 0, r.stderr
@@ -104,7 +104,7 @@ def test_a_full_disk_stops_cleanly_and_a_rerun_after_freeing_space_finishes(pg_b
             conn.execute(sa.text(f"ALTER TABLE {table} SET TABLESPACE {space}"))
         b.insert([{**r, "msg_text": '{"$type":"Orders.PlaceOrder, Orders","Pad":"' + os.urandom(20_000).hex() + '"}'}
                   for r in b.ready(400)])  # about 16 MB of bodies: more than the disk holds
-        r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "sync", "-c", str(b.config), "--once", "--retries", "2"],
+        r = subprocess.run([sys.executable, "-m", "bridge", "sync", "-c", str(b.config), "--once", "--retries", "2"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 1, r.stderr
         assert "No space left on device" in r.stderr or "could not extend" in r.stderr, r.stderr

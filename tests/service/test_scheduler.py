@@ -324,7 +324,7 @@ def test_soak_writers_killed_scheduler_and_postgresql_restart(pg_server: str, pg
     assert len(ids) == expected, f"{len(ids)} distinct messages for {expected} legacy rows"
     assert set(ids.values()) == {1}, "a message arrived twice"
     assert b.cli("verify") == 0
-    status = subprocess.run([os.sys.executable, "-m", "bridge.commands.main", "status", "-c", str(b.config), "--json"],
+    status = subprocess.run([os.sys.executable, "-m", "bridge", "status", "-c", str(b.config), "--json"],
                             capture_output=True, check=True)
     jobs = {j["job"]: j for j in orjson.loads(status.stdout)["jobs"]}
     assert jobs["job1"]["backlog"] == 0 and jobs["job2"]["backlog"] == 0

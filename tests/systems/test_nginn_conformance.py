@@ -45,7 +45,7 @@ def test_every_state_lands_where_the_mapping_says(bridge: Bridge) -> None:
     processed = nginn_row("MQueue1", 4, now, subqueue="X")
     ids = bridge.insert([ready, delayed, failed, processed])
 
-    assert bridge.commands.main("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
 
     [q] = bridge.rows("Orders")
     h = q["headers"]
@@ -80,18 +80,18 @@ def test_every_state_lands_where_the_mapping_says(bridge: Bridge) -> None:
 
 def test_rerun_and_consumer_deletes_never_duplicate(bridge: Bridge) -> None:
     bridge.insert(bridge.ready(30))
-    assert bridge.commands.main("sync", "--once") == 0
-    assert bridge.commands.main("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
     assert bridge.count("Orders") == 30
     bridge.delete_all("Orders")  # the endpoint consumed them; the queue table alone can no longer de-duplicate
     bridge.write_config()
-    assert bridge.commands.main("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
     assert bridge.count("Orders") == 0
     bridge.insert(bridge.ready(5, start=31))
-    assert bridge.commands.main("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
     ids = bridge.message_ids("Orders")
     assert len(ids) == 5 and set(ids.values()) == {1}
-    assert bridge.commands.main("verify") == 0
+    assert bridge.cli("verify") == 0
 
 
 def test_small_batches_walk_the_whole_queue(tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -115,7 +115,7 @@ def test_malformed_rows_are_quarantined_and_the_rest_delivered(bridge: Bridge) -
         nginn_row("MQueue1", 7, now),
     ]
     ids = bridge.insert(rows)
-    assert bridge.commands.main("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
     assert bridge.count("Orders") == 2
     with bridge.target.connect() as conn:
         prefix = f'"{bridge.target_schema}".' if bridge.target_schema else ""
@@ -127,7 +127,7 @@ def test_malformed_rows_are_quarantined_and_the_rest_delivered(bridge: Bridge) -
     assert "subqueue 'Q'" in reasons[str(ids[4])]
     assert "NULL" in reasons[str(ids[5])]
     assert raw["msg_headers"] == "Filter=a=b" and raw["id"] == ids[1]  # nothing lost
-    assert bridge.commands.main("verify") == 0
+    assert bridge.cli("verify") == 0
     assert bridge.ledger() == {"delivered": 2, "quarantined": 5}
 
 
@@ -170,8 +170,8 @@ def test_subscriptions_from_both_tables(bridge: Bridge) -> None:
                 conn.execute(t.insert().values(publisher_endpoint=pub, subscriber_endpoint=sub, message_type=typ,
                                                created_date=now, expiration_date=exp))
     bridge.insert(bridge.ready(1))
-    assert bridge.commands.main("sync", "--once") == 0
-    assert bridge.commands.main("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
+    assert bridge.cli("sync", "--once") == 0
     got = sorted((r["endpoint"], r["topic"]) for r in _subscriptions(bridge))
     assert got == [("Billing", "Orders.Messages.PlaceOrder"), ("Sales", "Orders.OrderPlaced")]
 

@@ -114,7 +114,7 @@ def test_verify_deep_still_matches_a_message_delivered_before_the_rebuild_header
             h = json.loads(headers)
             assert h.pop("JMS.ReplyToDestination") == "queue:replies"
             conn.execute(sa.text('update "Orders" set headers = :h where id = :id'), {"h": json.dumps(h), "id": rid})
-        r = subprocess.run([sys.executable, "-m", "bridge.commands.main", "verify", "-c", str(j.config), "--json", "--deep"],
+        r = subprocess.run([sys.executable, "-m", "bridge", "verify", "-c", str(j.config), "--json", "--deep"],
                            capture_output=True, text=True)
         [q] = json.loads(r.stdout)["jobs"][0]["queues"]
         assert q["deep"]["mismatched"] == 0 and r.returncode == 0, q["deep"]

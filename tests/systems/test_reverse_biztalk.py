@@ -52,7 +52,7 @@ batch_size = 3
         return cli_main([args[0], "-c", str(self.config), *args[1:]])
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "bridge.commands.main", args[0], "-c", str(self.config), *args[1:]]
+        cmd = [sys.executable, "-m", "bridge", args[0], "-c", str(self.config), *args[1:]]
         return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def poll(self, location: str) -> list[dict]:

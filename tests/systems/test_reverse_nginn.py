@@ -86,7 +86,7 @@ batch_size = {batch_size}
 
     def spawn(self, *args: str, env: dict[str, str] | None = None, job: str | None = "to-legacy") -> subprocess.Popen[bytes]:
         """`qbridge ARGS --job to-legacy` in its own process (for the SIGKILL tests)."""
-        cmd = [sys.executable, "-m", "bridge.commands.main", args[0], "-c", str(self.config), *args[1:], *(["--job", job] if job else [])]
+        cmd = [sys.executable, "-m", "bridge", args[0], "-c", str(self.config), *args[1:], *(["--job", job] if job else [])]
         return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def now_local(self) -> datetime:

@@ -72,7 +72,7 @@ batch_size = 4
         return cli_main([args[0], "-c", str(self.config), *args[1:]])
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "bridge.commands.main", args[0], "-c", str(self.config), *args[1:], "--job", "to-jms"]
+        cmd = [sys.executable, "-m", "bridge", args[0], "-c", str(self.config), *args[1:], "--job", "to-jms"]
         return subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def pending(self, destination: str) -> list[dict]:

@@ -1,0 +1,76 @@
+"""`qbridge sync --once`, `qbridge migrate` and `qbridge run`: the commands that move messages,
+each holding its jobs' locks (and their fences) for as long as it runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ContextManager
+
+from bridge.commands.common import err, out, runners_of
+from bridge.errors import UsageError
+from bridge.pipeline.loop import JobRunner
+from bridge.pipeline.stats import summary_table
+
+LOCK_WAIT = 30.0  # seconds `sync` and `migrate` wait for a job's lock
+
+
+def holding(args: argparse.Namespace, runners: list[JobRunner]) -> ContextManager[None]:
+    """The jobs' locks, which `qbridge run` takes too, for the whole command."""
+    from bridge.ledger.joblock import holding, identity
+
+    if args.lock_wait < 0:
+        raise UsageError("--lock-wait must be 0 or more seconds")
+    return fenced(runners, holding([(r.target_engine, r.state.checkpoint.schema, r.job.name, r.job.target.connection)
+                                     for r in runners], args.lock_wait, identity(args.command), attempts=args.retries))
+
+
+@contextmanager
+def fenced(runners: list[JobRunner], held: ContextManager[dict[str, Any]]) -> Iterator[None]:
+    """Each runner checks its job's fence, taken with the lock, in every transaction it commits."""
+    with held as fences:
+        for r in runners:
+            r.fence = fences.get(r.job.name)
+        try:
+            yield
+        finally:
+            for r in runners:
+                r.fence = None
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from bridge.pipeline.inprocess import run_inprocess
+
+    _, runners = runners_of(args)
+    with holding(args, runners):
+        out.print(summary_table(run_inprocess(runners, console=err, attempts=args.retries)))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from bridge.pipeline.spark import run_spark
+
+    config, runners = runners_of(args)
+    if args.unit_rows is not None and args.unit_rows < 1:
+        raise UsageError("--unit-rows must be at least 1")
+    master = args.master
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        master = "local[*]"
+    with holding(args, runners):
+        out.print(summary_table(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows,
+                                          attempts=args.retries)))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from bridge.service.scheduler import run_until_stopped
+
+    config, runners = runners_of(args)
+    listen = args.listen or (config.service.listen if config.service else None)
+    if listen:
+        from bridge.listen import parse_listen
+
+        parse_listen(listen)  # a bad address is a usage error before anything starts
+    return run_until_stopped(runners, listen, str(args.config))

@@ -16,24 +16,24 @@ from bridge.pipeline.loop import JobRunner
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from bridge.lifecycle import init as provision
+    from bridge.lifecycle import init
 
     config = load_config(args.config)
-    plans = provision.plan(config, config.select(args.job))
+    plans = init.plan(config, config.select(args.job))
     for p in plans:
         if args.print_sql:
-            for line in provision.sql_for_dba(p):
+            for line in init.sql_for_dba(p):
                 out.print(line, markup=False, highlight=False)
             continue
         say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
-        upgrades = ((provision.convert_ledger, "converted the ledger's {:,} entries to the (origin, source key) layout"),
-                    (provision.add_ledger_totals, "counted the ledger's {:,} entries into per-queue totals (qbridge_totals)"),
-                    (provision.fold_ranges, "folded the ledger's {:,} NGinn entries into ranges (qbridge_ledger_ranges)"))
+        upgrades = ((init.convert_ledger, "converted the ledger's {:,} entries to the (origin, source key) layout"),
+                    (init.add_ledger_totals, "counted the ledger's {:,} entries into per-queue totals (qbridge_totals)"),
+                    (init.fold_ranges, "folded the ledger's {:,} NGinn entries into ranges (qbridge_ledger_ranges)"))
         for upgrade, done in upgrades:
             n = upgrade(p, say)
             if n is not None:
                 out.print(f"{p.connection}: " + done.format(n), markup=False, highlight=False)
-        created, existing = provision.create_missing(p)
+        created, existing = init.create_missing(p)
         if p.has_state:
             from bridge.ledger.giveback import unclaimed, unclaimed_advice
             from bridge.db import engine_for

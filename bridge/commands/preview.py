@@ -17,9 +17,9 @@ from bridge.lifecycle.preview import JobPreview, preview
 
 def missing_tables(config, job) -> list[str]:
     """What `init` would create for the job, as `connection: table`, read without writing."""
-    from bridge.lifecycle import init as provision
+    from bridge.lifecycle import init
     missing = []
-    for p in provision.plan(config, [job]):
+    for p in init.plan(config, [job]):
         path = sqlite_file(p.url)
         if path is not None and not path.exists():
             missing.append(f"{p.connection}: the database file {path} itself")

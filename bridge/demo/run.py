@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from bridge.lifecycle import init as provision
+from bridge.lifecycle import init
 from bridge.config import load_config
 from bridge.db import dispose_all, engine_for
 from bridge.pipeline.inprocess import run_inprocess
@@ -198,8 +198,8 @@ def run_demo(directory: str | None, console: Console) -> int:
         config_path = build(where)
         console.print(f"legacy NGinn, OpenJMS and BizTalk databases and config written to {where}", markup=False, highlight=False)
         config = load_config(config_path)
-        for p in provision.plan(config, config.jobs):
-            created, _ = provision.create_missing(p)
+        for p in init.plan(config, config.jobs):
+            created, _ = init.create_missing(p)
             console.print(f"created {len(created)} NServiceBus and qbridge tables", markup=False)
         runners = [JobRunner(config, job) for job in config.jobs if not job.reverse]
         totals = run_spark(config, runners, console=console, master="local[*]")

@@ -201,7 +201,7 @@ def test_totals_are_added_on_mariadb_where_reverse_jobs_keep_their_state(mariadb
 
 
 def test_the_totals_upgrade_compiles_for_sql_server(tmp_path: Path) -> None:
-    from bridge.lifecycle import init as provision
+    from bridge.lifecycle import init
     from bridge.config import load_config
 
     (tmp_path / "m.toml").write_text('[routes]\n"MQueue1" = "Orders"\n')
@@ -209,8 +209,8 @@ def test_the_totals_upgrade_compiles_for_sql_server(tmp_path: Path) -> None:
                                      '[[jobs]]\nname = "j"\nsource = { system = "nginn", connection = "legacy", queues = ["MQueue1"], '
                                      'timezone = "UTC" }\ntarget = { connection = "nsb", flavor = "sqlserver" }\nmapping = "m.toml"\n')
     config = load_config(tmp_path / "c.toml")
-    [plan] = [p for p in provision.plan(config, config.jobs) if p.has_state]
-    sql = "\n".join(provision.totals_upgrade_sql(plan))
+    [plan] = [p for p in init.plan(config, config.jobs) if p.has_state]
+    sql = "\n".join(init.totals_upgrade_sql(plan))
     assert "CREATE TABLE dbo.qbridge_totals_new" in sql
     assert "INSERT INTO dbo.qbridge_totals_new (origin, job, queue, outcome, reason, n, at) SELECT" in sql
     assert "GROUP BY" in sql and "EXEC sp_rename N'dbo.qbridge_totals_new', N'qbridge_totals'" in sql

@@ -146,26 +146,26 @@ def test_reverse_job_receives_as_the_sql_server_transport(tmp_path: Path) -> Non
 
 
 def test_reverse_job_init_sql_for_sql_server(tmp_path: Path) -> None:
-    from bridge.lifecycle import init as provision
+    from bridge.lifecycle import init
     config = load_config(_reverse_config(tmp_path))
-    plans = {p.connection: p for p in provision.plan(config, config.jobs)}
+    plans = {p.connection: p for p in init.plan(config, config.jobs)}
     assert plans["nsb"].names == ["Billing", "Billing.Delayed", "SubscriptionRouting"]
     assert plans["legacy"].names == ["qbridge_ledger", "qbridge_checkpoint", "qbridge_quarantine", "qbridge_quarantine_audit",
                                      "qbridge_totals", "qbridge_ledger_ranges", "qbridge_givebacks", "qbridge_inflight", "qbridge_jobs", "Billing"]
-    legacy = "\n".join(provision.ddl(plans["legacy"]))
+    legacy = "\n".join(init.ddl(plans["legacy"]))
     assert "CREATE TABLE dbo.[Billing] (\n\tid BIGINT NOT NULL IDENTITY" in legacy
-    assert "[RowVersion] BIGINT NOT NULL IDENTITY(1,1)" in "\n".join(provision.ddl(plans["nsb"]))
+    assert "[RowVersion] BIGINT NOT NULL IDENTITY(1,1)" in "\n".join(init.ddl(plans["nsb"]))
 
 
 def test_ledger_conversion_for_sql_server(tmp_path: Path) -> None:
     """What `init --print-sql` gives a DBA to convert an earlier ledger: the copy holds the old
     ledger locked against writers until the transaction ends, and the swap is sp_rename's."""
-    from bridge.lifecycle import init as provision
+    from bridge.lifecycle import init
     from bridge.model import queue_origin
 
     config = load_config(_reverse_config(tmp_path))
-    plan = {p.connection: p for p in provision.plan(config, config.jobs)}["legacy"]
-    steps = [re.sub(r"\s+", " ", s) for s in provision.conversion_sql(plan)]
+    plan = {p.connection: p for p in init.plan(config, config.jobs)}["legacy"]
+    steps = [re.sub(r"\s+", " ", s) for s in init.conversion_sql(plan)]
     assert "CREATE TABLE dbo.qbridge_ledger_new (" in steps[0] and "PRIMARY KEY (origin, source_key)" in steps[0]
     assert steps[1] == "BEGIN TRANSACTION" and steps[-1] == "COMMIT"
     copy = steps[2]

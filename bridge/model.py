@@ -164,6 +164,9 @@ class CanonicalMessage(BaseModel):
     parts: list[Part] = Field(default_factory=list)
 
 
+MESSAGE_MAX = 16384  # NServiceBus truncates ExceptionInfo.Message to this many characters
+
+
 class FailureInfo(NamedTuple):
     """`Failure`'s fields, for the fast lane: made only from values checked as `Failure` would."""
 

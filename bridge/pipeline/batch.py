@@ -16,6 +16,7 @@ from bridge.db import unique_violation
 from bridge.errors import BadRow
 from bridge.ledger.ranges import AlreadyRecorded
 from bridge.model import PlainMessage, message_ids
+from bridge.pipeline.columnar import process_columns, takes_columns
 from bridge.pipeline.job import JobSetup, LedgerConflict
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
@@ -35,7 +36,10 @@ class Batch(JobSetup):
         transaction; returns the keys move mode may consume once it commits."""
         self.target.begin_batch(tconn)
         mapped = time.perf_counter()
-        outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
+        if takes_columns(self, source):
+            outs, entries, quarantined, consume = process_columns(self, tconn, source, rows, lock, stats, known)
+        else:
+            outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
         stats.t_map += time.perf_counter() - mapped
         try:
             self.target.write(tconn, outs)
@@ -50,8 +54,11 @@ class Batch(JobSetup):
         return consume
 
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
-                 known: dict[str, str] | None = None
+                 known: dict[str, str] | None = None, places: list[int] | None = None
                  ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
+        """Decodes and maps `rows` one by one (fast lane, then validated path): what to write, the
+        ledger entries, the quarantined rows and the keys to consume; `places`, when given, gets
+        each written row's index in `rows`."""
         keys = [source.ledger_key(r) for r in rows]
         ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
@@ -69,7 +76,7 @@ class Batch(JobSetup):
         now = utcnow()
         oldest = None
         ledger_target = self.target.ledger_target
-        for row, key, mid in zip(rows, keys, ids):
+        for place, (row, key, mid) in enumerate(zip(rows, keys, ids)):
             seen = known.get(key)
             if seen is not None:
                 stats.already += 1
@@ -96,6 +103,8 @@ class Batch(JobSetup):
                 stats.skipped += 1
             else:
                 outs.append(result)
+                if places is not None:
+                    places.append(place)
                 entries.append(LedgerEntry(mid, key, "delivered", ledger_target(result)))
                 known[key] = "delivered"
                 stats.delivered += 1

@@ -97,6 +97,10 @@ class JobSetup:
         # (Source.plain, Target.plain_envelope); off, every row takes the validated path (tests
         # compare the two).
         self.fast_lane = True
+        self.columnar = True  # the columnar lane (pipeline/columnar.py), where source and target have it
+        # Below this many new rows a batch takes the per-row lanes: the columns' fixed cost (a few
+        # hundred microseconds a batch) is more than what they save on so few rows.
+        self.lane_min_rows = 64
 
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
         return message_id_for(source.system, self.database, source.queue, source.ledger_key(row))

@@ -105,6 +105,12 @@ class Source:
         `decode` plus the model would make passes; None sends it through `decode` (the default)."""
         return None
 
+    def plain_columns(self, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]) -> Any:
+        """The columnar lane (bridge.sources.columns): the rows at `take` that are provably the
+        common case, as a PlainColumns; the others stay for `plain` and `decode`. None: no lane here
+        (the default), or nothing in this batch for it."""
+        return None
+
     def message(self, row: SourceRow, **fields: Any) -> CanonicalMessage:
         """The canonical message of `row`, its id and coordinates filled in; a field that does not
         validate makes the row a BadRow, never a crash."""

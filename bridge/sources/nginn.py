@@ -308,15 +308,23 @@ class NGinnSource(Source):
             failure = self._failure(v, FailureInfo)
             if not failure.exception_type or type(failure.stack_trace) is not str:
                 return None  # what `Failure` would refuse
-        return PlainMessage(
-            state, message_id, self.system, self.database, self.queue, str(row.key),
-            *self._fields(v, headers, legacy_type),
-            self.clock.to_utc(v["insert_time"]),
-            self.clock.to_utc(v["retry_time"]) if state == "delayed" else None,
-            _with_columns(headers, v, row.key),
-            v["msg_text"].encode("utf-8"),
-            failure,
-        )
+        return self.plain_of(state, message_id, str(row.key), v, headers, legacy_type,
+                             self.clock.to_utc(v["insert_time"]),
+                             self.clock.to_utc(v["retry_time"]) if state == "delayed" else None,
+                             v["msg_text"].encode("utf-8"), failure)
+
+    def plain_of(self, state: Any, message_id: str, key: str, v: dict[str, Any], headers: dict[str, str],
+                 legacy_type: str | None, time_sent: Any, due: Any, body: bytes, failure: Any = None) -> PlainMessage:
+        """The PlainMessage of checked values: `plain` builds each row's with this, and the columnar
+        lane each group's example (bridge.sources.nginn_lane), so both make the same message."""
+        return PlainMessage(state, message_id, self.system, self.database, self.queue, key,
+                            *self._fields(v, headers, legacy_type), time_sent, due,
+                            _with_columns(headers, v, key), body, failure)
+
+    def plain_columns(self, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]) -> Any:
+        from bridge.sources.nginn_lane import plain_columns
+
+        return plain_columns(rows, take, mids, self.clock.tz.key, self.queue, self.plain_of)
 
     def _failure(self, v: dict[str, Any], kind: Any) -> Any:
         """Why NGinn gave up on a failed row, as `kind` (Failure, or the lane's FailureInfo)."""
@@ -345,7 +353,7 @@ class NGinnSource(Source):
         return live_subscriptions(conn, self.job.source.schema_, self.tz)
 
 
-def _with_columns(headers: dict[str, str], v: dict[str, Any], key: int) -> dict[str, str]:
+def _with_columns(headers: dict[str, str], v: dict[str, Any], key: int | str) -> dict[str, str]:
     """The legacy headers, then NGinn's own columns over them (`headers` is this row's own dict)."""
     headers["NGinn.BusMessageId"] = str(key)
     headers["NGinn.FromEndpoint"] = v["from_endpoint"] or ""

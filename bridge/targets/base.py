@@ -57,6 +57,11 @@ class Target:
         without a fast lane get every message as a CanonicalMessage)."""
         return None
 
+    def plain_columns(self, cols: Any, translated: frozenset[str]) -> Any:
+        """The columnar lane: what a source's PlainColumns become, group by group, or None to leave
+        them to the fast lane (the default)."""
+        return None
+
     def ledger_target(self, out: Any) -> str:
         """Where `out` went, as the ledger records it."""
         raise NotImplementedError

@@ -61,15 +61,42 @@ def copy_rows(conn: sa.Connection, table: sa.Table, names: Sequence[str], rows: 
     sql = f"COPY {prep.format_table(table)} ({', '.join(prep.quote(n) for n in names)}) FROM STDIN"
     if binary:
         sql += " (FORMAT BINARY)"
+
+    def send(copy: Any) -> None:
+        if binary:
+            copy.set_types(types)
+        for row in rows:
+            copy.write_row(row)
+
+    _copy(conn, sql, send)
+
+
+def copy_arrow(conn: sa.Connection, table: sa.Table, data: Any) -> None:
+    """`COPY ... FROM STDIN (FORMAT BINARY)` of an Arrow table whose columns are named and typed
+    for `table` (a uuid as 16 bytes: the binary format sends both alike), encoded by pgpq."""
+    import pgpq
+
+    prep = conn.dialect.identifier_preparer
+    sql = (f"COPY {prep.format_table(table)} ({', '.join(prep.quote(n) for n in data.column_names)}) "
+           "FROM STDIN (FORMAT BINARY)")
+    encoder = pgpq.ArrowToPostgresBinaryEncoder(data.schema)
+
+    def send(copy: Any) -> None:
+        copy.write(encoder.write_header())
+        for batch in data.to_batches():
+            copy.write(encoder.write_batch(batch))
+        copy.write(encoder.finish())
+
+    _copy(conn, sql, send)
+
+
+def _copy(conn: sa.Connection, sql: str, send: Any) -> None:
     raw = conn.connection.dbapi_connection
     assert raw is not None
     dbapi = conn.dialect.loaded_dbapi
     try:
         with raw.cursor() as cur, cur.copy(sql) as copy:
-            if binary:
-                copy.set_types(types)
-            for row in rows:
-                copy.write_row(row)
+            send(copy)
     except dbapi.Error as e:
         # COPY bypasses SQLAlchemy's execute; wrap the driver error the way execute would
         # (IntegrityError, OperationalError, ...) so callers see one kind of error everywhere.

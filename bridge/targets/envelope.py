@@ -12,13 +12,12 @@ import orjson
 from bridge.config import TargetConfig
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
-from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
+from bridge.model import MESSAGE_MAX, CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.targets.base import Skipped
 from bridge.codecs.echo import ECHO_HEADER, echo_of
 from bridge.schemas.nservicebus import TargetTables
 from bridge.timefmt import timespan, to_wire, utcnow
 
-MESSAGE_MAX = 16384  # NServiceBus truncates ExceptionInfo.Message to this many characters
 
 
 class Outgoing(NamedTuple):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
@@ -38,6 +38,12 @@ class NServiceBusTarget(Target):
 
     def plain_envelope(self, msg: PlainMessage, translated: frozenset[str]) -> Outgoing | Skipped | None:
         return plain_envelope(msg, self.mapping, self.transport, self.job.target, translated)
+
+    def plain_columns(self, cols: Any, translated: frozenset[str]) -> Any:
+        from bridge.targets.envelope_columns import lane_outcomes
+
+        return lane_outcomes(cols, lambda msg: plain_envelope(msg, self.mapping, self.transport, self.job.target,
+                                                              translated), self.ledger_target)
 
     def ledger_target(self, out: Outgoing) -> str:
         return f"{out.queue}.Delayed" if out.kind == "delayed" else out.queue

@@ -1,0 +1,85 @@
+"""The columnar lane of a batch (issue 37): the rows a source can prove to be the common case are
+decoded, mapped and rendered column by column (bridge.sources.columns); the rest of the batch
+takes the per-row lanes as before. Both end in the one write and the one set of ledger entries
+of the batch's target transaction, so exactly once is the batch's as it was."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+
+from bridge.ledger.state import LedgerEntry, Quarantined
+from bridge.model import message_ids
+from bridge.pipeline.stats import PassStats
+from bridge.sources import Source, SourceRow
+from bridge.targets.base import Target
+from bridge.targets.writer import LaneBatch
+from bridge.timefmt import utcnow
+
+# One thread: a process runs one batch at a time on one task slot (a Spark task, a sync pass), and
+# the lane's kernels work array by array; Arrow's default pool of one thread per core would only
+# compete with the other slots and with the database on the same cores.
+pa.set_cpu_count(1)
+pa.set_io_thread_count(1)
+
+if TYPE_CHECKING:
+    from bridge.pipeline.job import JobSetup as Batch  # the runner; _process is the Batch step's
+
+
+def takes_columns(runner: Batch, source: Source) -> bool:
+    """Whether `source`'s batches try the columnar lane: the fast lane is on, the source walks an
+    increasing key (its keys are unique in a batch), and source and target both have the lane."""
+    return (runner.fast_lane and runner.columnar and source.cursor == "monotonic"
+            and type(source).plain_columns is not Source.plain_columns
+            and type(runner.target).plain_columns is not Target.plain_columns)
+
+
+def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool,
+                    stats: PassStats, known: dict[str, str] | None, places: list[int] | None = None
+                    ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
+    """`Batch._process` with the columnar lane first: the same four results, the write as one
+    LaneBatch that keeps the batch's row order (or, when the lane took no row, as `_process`
+    gives it, `places` filled as `_process` fills it)."""
+    keys = [source.ledger_key(r) for r in rows]
+    if known is None:
+        known = runner.state.known(tconn, runner.origins[source.queue], keys, ranged=True)
+    take = [i for i, k in enumerate(keys) if k not in known]
+    cols = None
+    if len(take) >= runner.lane_min_rows:
+        cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
+                                                            [keys[i] for i in take]))
+    if cols is None:
+        return runner._process(tconn, source, rows, lock, stats, known, places)
+    done = runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
+    taken = np.zeros(len(rows), dtype=bool)
+    entries: list[LedgerEntry] = []
+    delivered: list[np.ndarray] = []
+    for idx, where in done.delivered:
+        entries += [LedgerEntry(cols.mids[i], cols.keys[i], "delivered", where) for i in idx.tolist()]
+        delivered.append(idx)
+    for idx, reason in done.skipped:
+        entries += [LedgerEntry(cols.mids[i], cols.keys[i], "skipped", None, reason) for i in idx.tolist()]
+    consume: list[Any] = []
+    for idx in [*delivered, *(i for i, _ in done.skipped)]:
+        at = cols.positions[idx]
+        taken[at] = True
+        if lock:
+            consume += [rows[i].key for i in at.tolist() if rows[i].consumable]
+    lane_delivered = sum(len(i) for i in delivered)
+    stats.delivered += lane_delivered
+    stats.skipped += sum(len(i) for i, _ in done.skipped)
+    rest_at = np.flatnonzero(~taken)
+    places: list[int] = []
+    before = stats.delivered
+    outs, more, quarantined, consumed = runner._process(tconn, source, [rows[i] for i in rest_at.tolist()], lock,
+                                                        stats, known, places)
+    if lane_delivered:
+        oldest = pc.min(cols.sent.take(np.concatenate(delivered))).as_py()
+        lag = max(0.0, (utcnow() - oldest).total_seconds())
+        stats.lag_seconds = max(lag, stats.lag_seconds or 0.0) if stats.delivered > before else lag
+    write = LaneBatch(done.tables, [(int(rest_at[p]), out) for p, out in zip(places, outs)])
+    return [write], entries + more, quarantined, consume + consumed

@@ -1,0 +1,54 @@
+"""A batch's common-case rows as Arrow columns: what a source hands the columnar lane (issue 37).
+
+The lane does per batch what the fast lane does per row, without building a message, a header
+dict or a JSON document per row. Rows that share everything the mapping's code looks at (the
+header names in their order, the legacy type, the destination, the reply address, the state and
+which optional columns are empty) form a group. For each group the source builds ONE
+PlainMessage, the group's example. Its real values are those the code looks at, and every value
+the code only passes through (a header's value, the key, the message id, the sender) is a
+marker. The target runs its real `plain_envelope` on the example. That gives it the group's
+header names in their order, with the markers where each row's own values go. The target fills
+those in column by column. So the lane cannot order, name or drop a header differently from the
+fast lane: it runs the same code, once per group instead of once per row.
+
+A marker is a name between two NULs. No lane row holds a NUL or any other control character
+than a stack trace's line breaks and tabs, because those rows stay on the validated path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+
+from bridge.model import PlainMessage
+
+# Stand-ins for the times a header is made of. to_wire() renders them as text no real time has
+# (year 1), and the target swaps that text for the row's own.
+SENT = datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
+DUE = datetime(1, 1, 1, 0, 0, 0, 2, tzinfo=UTC)
+FAILED = datetime(1, 1, 1, 0, 0, 0, 3, tzinfo=UTC)
+
+
+def mark(name: str) -> str:
+    """The marker of value column `name` (letters, digits and `_`)."""
+    return f"\x00{name}\x00"
+
+
+@dataclass
+class PlainColumns:
+    """The lane's rows of one batch, in batch order. Every array has one entry per lane row."""
+
+    positions: np.ndarray  # each lane row's index in the batch (int64, increasing)
+    groups: np.ndarray  # each lane row's group: an index into `examples` (int64)
+    examples: list[PlainMessage]  # one per group, with markers for the values it passes through
+    values: dict[str, pa.Array]  # marker name -> the rows' own text for it (string; unescaped)
+    header_values: pa.Array  # every lane row's legacy header values, row after row (string)
+    header_starts: np.ndarray  # where each lane row's values start there: marker L<k> is [start + k]
+    bodies: pa.Array  # binary: the message bodies
+    sent: pa.Array  # timestamp[us, UTC]: when each was sent (for the lag)
+    due: pa.Array | None  # timestamp[us, UTC]: when a delayed message is due (null for others)
+    mids: list[str]  # each lane row's message id
+    keys: list[str]  # each lane row's ledger key

@@ -1,0 +1,267 @@
+"""NGinn rows for the columnar lane (bridge.sources.columns): the checks `NGinnSource.plain` makes
+per row, made per batch on Arrow columns, and one example message per group of rows.
+
+A row is taken only when it is provably the common case. Every other row is left for `plain`
+and `decode`, which say what is wrong with it. The row is left out when it:
+- is in a state NGinn does not define;
+- has a NULL time, a retry count that is not a non-negative integer, or a body that is not a JSON
+  object (or whose `$type` is not a string);
+- has a header pair that does not split into two on `=`, or a control character, or a whitespace
+  character other than the space, in its headers;
+- has a control character in a column that a header copies (a stack trace may hold line breaks
+  and tabs), or, failed, an error text that does not name an exception type, or names one with
+  a message longer than NServiceBus keeps;
+- has a local time the zone's clock change makes ambiguous or skips.
+A group is left out when its header names repeat or name a TTL. So is the whole batch when a
+column's values are not the types NGinn's schema gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bridge.codecs import nginn as codec
+from bridge.sources.base import SourceRow
+from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
+from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
+
+LANE_STATES = {"I": "ready", "R": "delayed", "X": "processed", "F": "failed"}
+# Python's str.strip() takes these as whitespace too; where they are, the row is left out.
+_ODD = r"[\x00-\x1f\x7f-\x9f\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
+_CONTROL = r"[\x00-\x1f]"
+_CONTROL_BUT_LINES = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # a stack trace's \t, \n and \r are escaped
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SEP = "\x1e"  # between the parts of a group key (a control character, so in no lane value)
+
+
+def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str], tz: str, queue: str,
+                  build: Callable[..., PlainMessage]) -> PlainColumns | None:
+    """The rows at `take` (with their message ids `mids`) that the lane can prove to be the
+    common case, or None when there are none, or the batch does not convert. `tz` is the legacy
+    server's zone, `queue` the source queue; `build` is NGinnSource.plain_of, which makes each
+    group's example."""
+    vals = [rows[i].values for i in take]
+
+    def column(name: str, kind: pa.DataType) -> pa.Array:
+        a = pa.array([v[name] for v in vals])
+        if a.type == pa.null():
+            return a.cast(kind)
+        if a.type != kind:
+            raise TypeError(f"{name}: {a.type}")
+        return a
+
+    try:
+        subqueue = column("subqueue", pa.string())
+        inserted = column("insert_time", pa.timestamp("us"))
+        retried = column("retry_time", pa.timestamp("us"))
+        processed = column("last_processed", pa.timestamp("us"))
+        errors = column("error_info", pa.string())
+        text = column("msg_text", pa.string())
+        headers = column("msg_headers", pa.string())
+        texts = {name: column(name, pa.string()) for name in
+                 ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id")}
+    except (TypeError, pa.ArrowException):
+        return None  # a driver gave other types: the per-row lane looks at each value
+    counts = [v["retry_count"] for v in vals]
+    ok = np.array([type(c) is int and c >= 0 for c in counts], dtype=bool)
+    ok &= _np(pc.is_in(subqueue, value_set=pa.array(list(LANE_STATES))))
+    ok &= _np(pc.is_valid(inserted)) & _np(pc.is_valid(retried)) & _np(pc.is_valid(text))
+    headers = pc.fill_null(headers, "")
+    ok &= ~_np(pc.match_substring_regex(headers, _ODD))
+    for name in ("from_endpoint", "correlation_id", "label", "unique_id"):
+        ok &= ~_np(pc.match_substring_regex(pc.fill_null(texts[name], ""), _CONTROL))
+    sent, sure = _utc(inserted, tz)
+    ok &= sure
+    delayed = _np(pc.equal(subqueue, "R"))
+    due, sure = _utc(retried, tz)
+    ok &= sure | ~delayed
+    failed = _np(pc.equal(subqueue, "F"))
+    failed_at, sure = _utc(pc.coalesce(processed, retried), tz)
+    ok &= sure | ~failed
+    ok &= ~(failed & _np(pc.match_substring_regex(pc.fill_null(errors, ""), _CONTROL_BUT_LINES)))
+    parsed: dict[int, Any] = {}
+    for i in np.flatnonzero(ok & failed).tolist():
+        e = codec.parse_exception(errors[i].as_py())
+        if not e.exception_type or len(e.message) > MESSAGE_MAX:  # its parts hold no other control character
+            ok[i] = False
+        parsed[i] = e
+    body_types = [_root_type(t) if good else None for t, good in zip(text.to_pylist(), ok.tolist())]
+    ok &= np.array([t is not None for t in body_types], dtype=bool)
+    names, values, split_ok = _split(headers, len(vals))
+    ok &= split_ok
+    if not ok.any():
+        return None
+    keep = np.flatnonzero(ok)
+
+    def kept(a: pa.Array) -> pa.Array:
+        return a.take(pa.array(keep))
+
+    names, values = kept(names), kept(values)
+    reply = _header(names, values, codec.HDR_REPLY_TO)
+    msg_type = _header(names, values, codec.HDR_MSG_TYPE)
+    body_type = pa.array([body_types[i] for i in keep.tolist()], pa.string())
+    from_body = pc.not_equal(body_type, "")
+    legacy_type = pc.if_else(from_body, body_type, pc.fill_null(msg_type, ""))
+    subqueue, texts = kept(subqueue), {k: pc.fill_null(kept(a), "") for k, a in texts.items()}
+    retry_count = pa.array([counts[i] for i in keep.tolist()], pa.int64())
+    failures = [parsed.get(i) for i in keep.tolist()]
+    inner = pa.array([bool(f and f.inner_exception_type) for f in failures])
+    flags = {"uid": pc.not_equal(texts["unique_id"], ""), "label": pc.not_equal(texts["label"], ""),
+             "retry": pc.not_equal(retry_count, 0), "corr": pc.not_equal(texts["correlation_id"], ""),
+             "from_body": from_body, "inner": inner}
+    key = pc.binary_join_element_wise(
+        pc.binary_join(names, "\x1f"), *(pc.if_else(f, "1", "0") for f in flags.values()), legacy_type,
+        texts["to_endpoint"], pc.fill_null(reply, ""), pc.is_valid(reply).cast(pa.string()), subqueue, _SEP)
+    encoded = pc.dictionary_encode(key)
+    groups = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    _, first = np.unique(groups, return_index=True)
+    row_keys = [str(rows[take[i]].key) for i in keep.tolist()]
+    lane_mids = [mids[i] for i in keep.tolist()]
+    examples = []
+    for g, at in enumerate(first.tolist()):
+        example = _example(build, queue, rows[take[int(keep[at])]].values, names[at].as_py(), flags, at,
+                           legacy_type[at].as_py(), reply[at].as_py(), subqueue[at].as_py())
+        if example is None:  # a TTL or a repeated name: every row of the group goes the per-row way
+            groups[groups == g] = -1
+        examples.append(example)
+    lane = groups >= 0
+    if not lane.any():
+        return None
+    sent_utc, due_utc, failed_utc = kept(sent), kept(due), kept(failed_at)
+    cols = {
+        "mid": pa.array(lane_mids, pa.string()), "key": pa.array(row_keys, pa.string()),
+        "from": texts["from_endpoint"], "uid": texts["unique_id"], "label": texts["label"],
+        "corr": texts["correlation_id"], "retry": retry_count.cast(pa.string()),
+        "sent": _wire(sent_utc), "due": _wire(due_utc), "failed_at": _wire(failed_utc),
+        "etype": pa.array([f.exception_type if f else "" for f in failures], pa.string()),
+        "emsg": pa.array([f.message if f else "" for f in failures], pa.string()),
+        "inner": pa.array([(f.inner_exception_type or "") if f else "" for f in failures], pa.string()),
+        "stack": pc.fill_null(kept(errors), ""),
+    }
+    pick = pa.array(np.flatnonzero(lane))
+    values = values.take(pick)
+    is_due = pc.equal(subqueue, "R")
+    return PlainColumns(
+        positions=np.asarray(take, dtype=np.int64)[keep[lane]],
+        groups=groups[lane],
+        examples=examples,
+        values={k: a.take(pick) for k, a in cols.items()},
+        header_values=pc.list_flatten(values),
+        header_starts=_starts(values),
+        bodies=kept(text).take(pick).cast(pa.binary()),
+        sent=sent_utc.take(pick),
+        due=pc.if_else(is_due, due_utc, pa.scalar(None, due_utc.type)).take(pick),
+        mids=[lane_mids[i] for i in np.flatnonzero(lane).tolist()],
+        keys=[row_keys[i] for i in np.flatnonzero(lane).tolist()],
+    )
+
+
+def _np(a: pa.Array) -> np.ndarray:
+    """A boolean Arrow array as numpy, null as False."""
+    return np.asarray(pc.fill_null(a, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _utc(local: pa.Array, tz: str) -> tuple[pa.Array, np.ndarray]:
+    """Local times in zone `tz` as UTC, and which of them are sure: a time a clock change makes
+    ambiguous, or skips, reads two ways, and is left to the per-row clock."""
+    early = pc.assume_timezone(local, timezone=tz, ambiguous="earliest", nonexistent="earliest")
+    late = pc.assume_timezone(local, timezone=tz, ambiguous="latest", nonexistent="latest")
+    return early.cast(pa.timestamp("us", "UTC")), _np(pc.equal(early, late))
+
+
+def _wire(utc: pa.Array) -> pa.Array:
+    """`yyyy-MM-dd HH:mm:ss:ffffff Z`, as bridge.timefmt.to_wire writes it (null stays null). A
+    batch's times fall in a few seconds: each second is written once, its microseconds per row
+    (Arrow's strftime costs ~1 us a value)."""
+    us = np.asarray(pc.fill_null(utc.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    seconds, micro = np.divmod(us, 1_000_000)
+    unique, at = np.unique(seconds, return_inverse=True)
+    heads = pa.array([(_EPOCH + timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S:") for s in unique.tolist()])
+    tails = pc.utf8_slice_codeunits(pa.array(micro + 1_000_000).cast(pa.string()), 1)
+    text = pc.binary_join_element_wise(heads.take(pa.array(at)), tails, " Z", "")
+    return pc.if_else(pc.is_valid(utc), text, pa.scalar(None, pa.string()))
+
+
+def _root_type(text: str) -> str | None:
+    """The body's root `$type` ("" for none), or None when the body is not a JSON object with a
+    string `$type` or none (codec.body_type's rules, stricter: not an object is left out too)."""
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if type(doc) is not dict:
+        return None
+    value = doc.get("$type")
+    if value is None:
+        return ""
+    return value if type(value) is str else None
+
+
+def _split(headers: pa.Array, n: int) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """codec.parse_headers on a column: (the names, the values, both lists per row in order; which
+    rows split cleanly: every non-empty pair into exactly two)."""
+    pairs = pc.split_pattern(headers, "|")
+    flat = pc.list_flatten(pairs)
+    parent = np.asarray(pc.list_parent_indices(pairs).to_numpy(zero_copy_only=False), dtype=np.int64)
+    filled = _np(pc.not_equal(flat, ""))
+    flat, parent = flat.filter(pa.array(filled)), parent[filled]
+    parts = pc.split_pattern(flat, "=")
+    two = np.asarray(pc.list_value_length(parts).to_numpy(zero_copy_only=False)) == 2
+    ok = np.ones(n, dtype=bool)
+    ok[parent[~two]] = False
+    kept = ok[parent]
+    parts, parent = parts.filter(pa.array(kept)), parent[kept]
+    names = pc.utf8_trim(pc.list_element(parts, 0), " ")
+    values = pc.utf8_trim(pc.list_element(parts, 1), " ")
+    offsets = pa.array(np.concatenate([[0], np.cumsum(np.bincount(parent, minlength=n))]).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, names), pa.ListArray.from_arrays(offsets, values), ok
+
+
+def _starts(lists: pa.ListArray) -> np.ndarray:
+    """Where each list begins in pc.list_flatten(lists)."""
+    offsets = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return offsets[:-1] - offsets[0]
+
+
+def _header(names: pa.Array, values: pa.Array, name: str) -> pa.Array:
+    """Each row's value of header `name` (null where it has none; a repeated name's group is left out)."""
+    flat_names = pc.list_flatten(names)
+    parent = np.asarray(pc.list_parent_indices(names).to_numpy(zero_copy_only=False), dtype=np.int64)
+    where = np.flatnonzero(_np(pc.equal(flat_names, name)))
+    index = np.full(len(names), -1, dtype=np.int64)
+    index[parent[where]] = where
+    return pc.list_flatten(values).take(pa.array(index, mask=index < 0))
+
+
+def _example(build: Callable[..., PlainMessage], queue: str, real: dict[str, Any], names: list[str],
+             flags: dict[str, pa.Array], at: int, legacy_type: str, reply: str | None, letter: str) -> Any:
+    """The group's PlainMessage: real values where the code looks at them, markers where it passes
+    them through; None when the group needs the per-row lane (a TTL header, a repeated name)."""
+    if len(set(names)) != len(names) or codec.HDR_TTL in names:
+        return None
+    on = {k: bool(f[at].as_py()) for k, f in flags.items()}
+    v = dict(real)
+    v["from_endpoint"] = mark("from")  # `or ""`: the marker's column holds "" for an empty one
+    v["unique_id"] = mark("uid") if on["uid"] else ""
+    v["label"] = mark("label") if on["label"] else ""
+    v["retry_count"] = mark("retry") if on["retry"] else 0
+    v["correlation_id"] = mark("corr") if on["corr"] else None
+    headers = {name: mark(f"L{k}") for k, name in enumerate(names)}
+    if reply is not None:
+        headers[codec.HDR_REPLY_TO] = reply
+    if codec.HDR_MSG_TYPE in headers and not on["from_body"]:
+        headers[codec.HDR_MSG_TYPE] = legacy_type  # it made the legacy type: real, one per group
+    state = LANE_STATES[letter]
+    failure = None
+    if state == "failed":  # NGinnSource._failure's fields, each the row's own
+        failure = FailureInfo(mark("etype"), mark("emsg"), mark("stack"), queue, FAILED,
+                              mark("inner") if on["inner"] else None)
+    return build(state, mark("mid"), mark("key"), v, headers, legacy_type or None, SENT,
+                 DUE if state == "delayed" else None, b"", failure)

@@ -1,0 +1,120 @@
+"""The columnar lane's NServiceBus side: a source's PlainColumns into transport rows, group by
+group (bridge.sources.columns says why this is the fast lane's own code).
+
+For each group, the target's real `plain_envelope` runs on the group's example. It gives the
+queue, the kind, the outcome and the headers. The headers are rendered by the writer's own
+`headers_json`, with the markers still in. That JSON text is a template: literal text between
+markers. Each row's JSON is the template with its own values put in, escaped the way orjson
+escapes them (a lane value holds no control character), plus the writer's `/` as `\\/`. A group
+whose example comes back as anything but a plain Outgoing or a skip goes to the per-row lane:
+None, a body, an expiry or a due time it did not give.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
+from bridge.targets.base import Skipped
+from bridge.targets.envelope import Outgoing
+from bridge.codecs.nservicebus import headers_json
+from bridge.timefmt import to_wire
+
+_MARKER = re.compile(r"\\u0000(\w+)\\u0000")  # a marker as orjson writes it inside a JSON string
+_STANDINS = {to_wire(SENT): mark("sent"), to_wire(DUE): mark("due"), to_wire(FAILED): mark("failed_at")}
+
+
+@dataclass
+class TableColumns:
+    """Lane rows for one transport table, in batch order."""
+
+    kind: str  # "queue" or "delayed"
+    queue: str
+    positions: np.ndarray  # each row's index in the batch
+    headers: pa.Array  # string: the JSON text of each row's headers
+    bodies: pa.Array  # binary
+    due: pa.Array | None  # timestamp[us, UTC], for the delayed table
+
+
+@dataclass
+class LaneOutcomes:
+    """What the lane made of a batch's PlainColumns: rows per table, each lane row's outcome, and
+    the rows it gave back to the per-row lane (indices into the PlainColumns' rows)."""
+
+    tables: list[TableColumns] = field(default_factory=list)
+    delivered: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (rows, ledger target)
+    skipped: list[tuple[np.ndarray, str]] = field(default_factory=list)  # (rows, reason)
+    given_back: list[np.ndarray] = field(default_factory=list)
+
+
+def lane_outcomes(cols: PlainColumns, envelope: object, ledger_target: object) -> LaneOutcomes:
+    """Runs `envelope` (the target's plain_envelope, translated bound) once per group and fills
+    each group's rows in; `ledger_target` names where an Outgoing went, as the ledger records it."""
+    done = LaneOutcomes()
+    escaped: dict[str, pa.Array] = {}
+    order = np.argsort(cols.groups, kind="stable")
+    bounds = np.flatnonzero(np.diff(cols.groups[order])) + 1
+    for rows in np.split(order, bounds):
+        if not len(rows):
+            continue
+        example = cols.examples[int(cols.groups[rows[0]])]
+        out = envelope(example)  # type: ignore[operator]
+        if isinstance(out, Skipped) and "\x00" not in out.reason:
+            done.skipped.append((rows, out.reason))
+            continue
+        if not isinstance(out, Outgoing) or out.body != b"" or out.expires is not None or out.due not in (None, DUE):
+            done.given_back.append(rows)
+            continue
+        parts = _template(out.headers)
+        if parts is None:
+            done.given_back.append(rows)
+            continue
+        take = pa.array(rows)
+        pieces: list[object] = []
+        for i, part in enumerate(parts):
+            pieces.append(part if i % 2 == 0 else _column(cols, escaped, part, rows, take))
+        done.tables.append(TableColumns(
+            out.kind, out.queue, cols.positions[rows], pc.binary_join_element_wise(*pieces, ""),
+            cols.bodies.take(take), cols.due.take(take) if out.due is DUE and cols.due is not None else None))
+        done.delivered.append((rows, ledger_target(out)))  # type: ignore[operator]
+    return done
+
+
+def _template(headers: dict[str, str]) -> list[str] | None:
+    """The headers' JSON split into literal text (even places) and marker names (odd places);
+    None when a marker did not come through whole."""
+    for wire, marker in _STANDINS.items():
+        headers = {k: v.replace(wire, marker) for k, v in headers.items()} if any(wire in v for v in headers.values()) else headers
+    parts = _MARKER.split(headers_json(headers))
+    if any("\\u0000" in p for p in parts[0::2]):
+        return None
+    return parts
+
+
+def _escape(a: pa.Array) -> pa.Array:
+    """Text as orjson writes it inside a JSON string when it holds no control character but a
+    tab or a line break (a stack trace's), with the writer's `/` escape."""
+    for raw, escaped in _ESCAPES:
+        if pc.any(pc.match_substring(a, raw)).as_py():
+            a = pc.replace_substring(a, raw, escaped)
+    return a
+
+
+_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("/", "\\/"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
+
+
+def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: np.ndarray, take: pa.Array) -> pa.Array:
+    """Marker `name`'s escaped values for `rows`: a column of the PlainColumns, or L<k>, the k-th
+    legacy header value of each row (every row of a group has the same header names)."""
+    if name.startswith("L") and name[1:].isdigit():
+        if "L" not in escaped:
+            escaped["L"] = _escape(cols.header_values)
+        return escaped["L"].take(pa.array(cols.header_starts[rows] + int(name[1:])))
+    if name not in escaped:
+        escaped[name] = _escape(cols.values[name])
+    return escaped[name].take(take)

@@ -33,8 +33,11 @@ from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
 from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
 
 LANE_STATES = {"I": "ready", "R": "delayed", "X": "processed", "F": "failed"}
-# Python's str.strip() takes these as whitespace too; where they are, the row is left out.
-_ODD = r"[\x00-\x1f\x7f-\x9f\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
+# What str.strip() strips besides the space (every character whose isspace() is true; a test
+# holds the list to Python's), with the other control characters: where they are, the row is
+# left out, so that trimming spaces is all the lane's strip must do.
+WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200b))) + "\u2028\u2029\u202f\u205f\u3000"
+_ODD = "[\\x00-\\x1f\\x7f-\\x9f" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE if ord(c) > 0x9f) + "]"
 _CONTROL = r"[\x00-\x1f]"
 _CONTROL_BUT_LINES = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # a stack trace's \t, \n and \r are escaped
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -139,7 +142,8 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         "mid": pa.array(lane_mids, pa.string()), "key": pa.array(row_keys, pa.string()),
         "from": texts["from_endpoint"], "uid": texts["unique_id"], "label": texts["label"],
         "corr": texts["correlation_id"], "retry": retry_count.cast(pa.string()),
-        "sent": _wire(sent_utc), "due": _wire(due_utc), "failed_at": _wire(failed_utc),
+        "sent": _wire(sent_utc), "due": _wire_where(due_utc, pc.equal(subqueue, "R")),
+        "failed_at": _wire_where(failed_utc, pc.equal(subqueue, "F")),
         "etype": pa.array([f.exception_type if f else "" for f in failures], pa.string()),
         "emsg": pa.array([f.message if f else "" for f in failures], pa.string()),
         "inner": pa.array([(f.inner_exception_type or "") if f else "" for f in failures], pa.string()),
@@ -183,10 +187,18 @@ def _wire(utc: pa.Array) -> pa.Array:
     us = np.asarray(pc.fill_null(utc.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
     seconds, micro = np.divmod(us, 1_000_000)
     unique, at = np.unique(seconds, return_inverse=True)
-    heads = pa.array([(_EPOCH + timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S:") for s in unique.tolist()])
+    heads = pa.array([(_EPOCH + timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S:") for s in unique.tolist()], pa.string())
     tails = pc.utf8_slice_codeunits(pa.array(micro + 1_000_000).cast(pa.string()), 1)
     text = pc.binary_join_element_wise(heads.take(pa.array(at)), tails, " Z", "")
     return pc.if_else(pc.is_valid(utc), text, pa.scalar(None, pa.string()))
+
+
+def _wire_where(utc: pa.Array, where: pa.Array) -> pa.Array:
+    """_wire of the rows `where` holds, null for the others (a column only some states need)."""
+    at = np.flatnonzero(_np(where))
+    index = np.full(len(utc), -1, dtype=np.int64)
+    index[at] = np.arange(len(at))
+    return _wire(utc.take(pa.array(at))).take(pa.array(index, mask=index < 0))
 
 
 def _root_type(text: str) -> str | None:

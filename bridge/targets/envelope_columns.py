@@ -99,6 +99,8 @@ def _template(headers: dict[str, str]) -> list[str] | None:
 def _escape(a: pa.Array) -> pa.Array:
     """Text as orjson writes it inside a JSON string when it holds no control character but a
     tab or a line break (a stack trace's), with the writer's `/` escape."""
+    if not pc.any(pc.match_substring_regex(a, _NEEDS_ESCAPE)).as_py():
+        return a
     for raw, escaped in _ESCAPES:
         if pc.any(pc.match_substring(a, raw)).as_py():
             a = pc.replace_substring(a, raw, escaped)
@@ -106,6 +108,9 @@ def _escape(a: pa.Array) -> pa.Array:
 
 
 _ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("/", "\\/"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
+_NEEDS_ESCAPE = r'[\\"/\n\r\t]'
+# Columns that hold only digits, hex, `-`, `:` and spaces (ids, keys, counts, wire times).
+_PLAIN = frozenset({"mid", "key", "retry", "sent", "due", "failed_at"})
 
 
 def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: np.ndarray, take: pa.Array) -> pa.Array:
@@ -116,5 +121,5 @@ def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: n
             escaped["L"] = _escape(cols.header_values)
         return escaped["L"].take(pa.array(cols.header_starts[rows] + int(name[1:])))
     if name not in escaped:
-        escaped[name] = _escape(cols.values[name])
+        escaped[name] = cols.values[name] if name in _PLAIN else _escape(cols.values[name])
     return escaped[name].take(take)

@@ -187,21 +187,23 @@ def test_the_columnar_lane_and_the_per_row_lanes_agree_on_rows_of_every_shape(
     assert columnar == per_row
 
 
-@pytest.mark.parametrize("db", ["postgres", "sqlite"])
+@pytest.mark.parametrize("db", ["postgres", "sqlite", "postgres-sqlserver-flavor"])
 def test_a_sync_writes_the_same_tables_with_and_without_the_lane(db: str, tmp_path: Path, request: Any) -> None:
     """Through the real write: COPY BINARY encoded from Arrow on PostgreSQL, executemany on
-    SQLite; the same rows in each table in the same order, the same ledger and the same books."""
+    SQLite and into SQL Server-shaped tables; the same rows in each table in the same order, the
+    same ledger and the same books."""
     tables = {}
     now = datetime.now().replace(microsecond=0)
     for columnar in (True, False):
         d = tmp_path / str(columnar)
         d.mkdir()
-        if db == "postgres":
+        if db.startswith("postgres"):
             pg, schema = request.getfixturevalue("pg_server"), request.getfixturevalue("pg_schema")
             with sa.create_engine(pg).begin() as conn:  # one schema, made afresh: the reply addresses name it
                 conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
                 conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-            b = Bridge(d, pg, pg, source_schema=schema, target_schema=schema)
+            b = Bridge(d, pg, pg, source_schema=schema, target_schema=schema,
+                       flavor="sqlserver" if db.endswith("sqlserver-flavor") else "postgresql")
         else:
             b = Bridge(d, f"sqlite:///{d}/legacy.db", f"sqlite:///{d}/nsb.db")
         assert b.cli("init") == 0

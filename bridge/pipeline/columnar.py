@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import sqlalchemy as sa
 
 from bridge.ledger.state import LedgerEntry, Quarantined
@@ -19,12 +16,6 @@ from bridge.sources import Source, SourceRow
 from bridge.targets.base import Target
 from bridge.targets.writer import LaneBatch
 from bridge.timefmt import utcnow
-
-# One thread: a process runs one batch at a time on one task slot (a Spark task, a sync pass), and
-# the lane's kernels work array by array; Arrow's default pool of one thread per core would only
-# compete with the other slots and with the database on the same cores.
-pa.set_cpu_count(1)
-pa.set_io_thread_count(1)
 
 if TYPE_CHECKING:
     from bridge.pipeline.job import JobSetup as Batch  # the runner; _process is the Batch step's
@@ -44,6 +35,10 @@ def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: l
     """`Batch._process` with the columnar lane first: the same four results, the write as one
     LaneBatch that keeps the batch's row order (or, when the lane took no row, as `_process`
     gives it, `places` filled as `_process` fills it)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    _one_thread()
     keys = [source.ledger_key(r) for r in rows]
     if known is None:
         known = runner.state.known(tconn, runner.origins[source.queue], keys, ranged=True)
@@ -57,7 +52,7 @@ def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: l
     done = runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
     taken = np.zeros(len(rows), dtype=bool)
     entries: list[LedgerEntry] = []
-    delivered: list[np.ndarray] = []
+    delivered: list[Any] = []
     for idx, where in done.delivered:
         entries += [LedgerEntry(cols.mids[i], cols.keys[i], "delivered", where) for i in idx.tolist()]
         delivered.append(idx)
@@ -83,3 +78,15 @@ def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: l
         stats.lag_seconds = max(lag, stats.lag_seconds or 0.0) if stats.delivered > before else lag
     write = LaneBatch(done.tables, [(int(rest_at[p]), out) for p, out in zip(places, outs)])
     return [write], entries + more, quarantined, consume + consumed
+
+
+def _one_thread() -> None:
+    """One Arrow thread: a process runs one batch at a time on one task slot (a Spark task, a
+    sync pass), and the lane's kernels work array by array; Arrow's default pool of a thread per
+    core would only compete with the other slots and the database for the same cores. (Arrow is
+    imported here, on the first lane batch, so that commands that run none do without it.)"""
+    import pyarrow as pa
+
+    if pa.cpu_count() != 1:
+        pa.set_cpu_count(1)
+        pa.set_io_thread_count(1)

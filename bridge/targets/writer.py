@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
 import sqlalchemy as sa
 
 from bridge.codecs.nservicebus import headers_json
@@ -17,9 +15,13 @@ from bridge.model import row_ids
 from bridge.sources.base import Subscription
 from bridge.targets.bulk import copies, copy_arrow, insert_values
 from bridge.targets.envelope import Outgoing
-from bridge.targets.envelope_columns import TableColumns
 from bridge.schemas.nservicebus import TargetTables
 from bridge.timefmt import naive_utc
+
+if TYPE_CHECKING:  # the columnar lane's types: Arrow is imported when a lane batch is written
+    import pyarrow as pa
+
+    from bridge.targets.envelope_columns import TableColumns
 
 
 class TargetWriter:
@@ -99,8 +101,6 @@ class TargetWriter:
         return changed
 
 
-_UTC = pa.timestamp("us", "UTC")
-_NAIVE = pa.timestamp("us")
 
 
 @dataclass
@@ -114,6 +114,10 @@ class LaneBatch:
 
 def write_lane(writer: TargetWriter, conn: sa.Connection, batch: LaneBatch) -> None:
     """Every table's rows in batch order, so the queue's `seq` orders them as the per-row lane would."""
+    import numpy as np
+    import pyarrow as pa
+
+    utc, naive = pa.timestamp("us", "UTC"), pa.timestamp("us")
     parts: dict[tuple[str, str], list[TableColumns]] = {}
     for t in batch.tables:
         parts.setdefault((t.kind, t.queue), []).append(t)
@@ -125,16 +129,18 @@ def write_lane(writer: TargetWriter, conn: sa.Connection, batch: LaneBatch) -> N
         positions = np.concatenate([t.positions for t in lane] + [np.array([at for at, _ in rows], dtype=np.int64)])
         headers = pa.concat_arrays([t.headers for t in lane] + [pa.array([headers_json(o.headers) for _, o in rows], pa.string())])
         bodies = pa.concat_arrays([t.bodies for t in lane] + [pa.array([o.body for _, o in rows], pa.binary())])
-        expires = pa.concat_arrays([pa.nulls(len(t.positions), _NAIVE) for t in lane]
-                                   + [pa.array([naive_utc(o.expires) for _, o in rows], _NAIVE)])
-        dues = pa.concat_arrays([t.due if t.due is not None else pa.nulls(len(t.positions), _UTC) for t in lane]
-                                + [pa.array([o.due for _, o in rows], _UTC)])
+        expires = pa.concat_arrays([pa.nulls(len(t.positions), naive) for t in lane]
+                                   + [pa.array([naive_utc(o.expires) for _, o in rows], naive)])
+        dues = pa.concat_arrays([t.due if t.due is not None else pa.nulls(len(t.positions), utc) for t in lane]
+                                + [pa.array([o.due for _, o in rows], utc)])
         order = pa.array(np.argsort(positions, kind="stable"))
         _write(writer, conn, kind, queue, headers.take(order), bodies.take(order), expires.take(order), dues.take(order))
 
 
 def _write(writer: TargetWriter, conn: sa.Connection, kind: str, queue: str, headers: pa.Array, bodies: pa.Array,
            expires: pa.Array, dues: pa.Array) -> None:
+    import pyarrow as pa
+
     table, have = writer.table(conn, kind, queue)
     if copies(conn) and writer.tables.flavor == "postgresql":
         ids = pa.array([u.bytes for u in row_ids(len(headers))], pa.binary(16))

@@ -5,6 +5,7 @@ of the batch's target transaction, so exactly once is the batch's as it was."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -16,6 +17,8 @@ from bridge.sources import Source, SourceRow
 from bridge.targets.base import Target
 from bridge.targets.writer import LaneBatch
 from bridge.timefmt import utcnow
+
+log = logging.getLogger("qbridge.batch")
 
 if TYPE_CHECKING:
     from bridge.pipeline.job import JobSetup as Batch  # the runner; _process is the Batch step's
@@ -43,13 +46,23 @@ def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: l
     if known is None:
         known = runner.state.known(tconn, runner.origins[source.queue], keys, ranged=True)
     take = [i for i, k in enumerate(keys) if k not in known]
-    cols = None
+    cols = done = None
     if len(take) >= runner.lane_min_rows:
-        cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
-                                                            [keys[i] for i in take]))
-    if cols is None:
+        try:
+            cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
+                                                                [keys[i] for i in take]))
+            if cols is not None:
+                done = runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
+        except Exception:  # a row the lane misjudged must not stop the queue: the per-row lanes settle it
+            reported = runner.__dict__.setdefault("_lane_failures", set())
+            # Once per queue and process with its trace (a queue whose rows trip it would say so per batch).
+            log.log(logging.DEBUG if source.queue in reported else logging.WARNING,
+                    "job=%s queue=%s: the columnar lane failed on a batch; its rows take the per-row lanes",
+                    runner.job.name, source.queue, exc_info=source.queue not in reported)
+            reported.add(source.queue)
+            cols = done = None
+    if cols is None or done is None:
         return runner._process(tconn, source, rows, lock, stats, known, places)
-    done = runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
     taken = np.zeros(len(rows), dtype=bool)
     entries: list[LedgerEntry] = []
     delivered: list[Any] = []

@@ -11,13 +11,17 @@ and `decode`, which say what is wrong with it. The row is left out when it:
 - has a control character in a column that a header copies (a stack trace may hold line breaks
   and tabs), or, failed, an error text that does not name an exception type, or names one with
   a message longer than NServiceBus keeps;
-- has a local time the zone's clock change makes ambiguous or skips.
+- has a local time the zone's clock change makes ambiguous or skips, or one outside the years
+  1000 to 2037 (Arrow's zone rules stop at 2037; zoneinfo's go on);
+- has a control character in its body's `$type` or its `to_endpoint`, which the group's example
+  carries as they are.
 A group is left out when its header names repeat or name a TTL. So is the whole batch when a
 column's values are not the types NGinn's schema gives.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -41,6 +45,7 @@ _ODD = "[\\x00-\\x1f\\x7f-\\x9f" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESP
 _CONTROL = r"[\x00-\x1f]"
 _CONTROL_BUT_LINES = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # a stack trace's \t, \n and \r are escaped
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f]")
 _SEP = "\x1e"  # between the parts of a group key (a control character, so in no lane value)
 
 
@@ -54,6 +59,8 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
 
     def column(name: str, kind: pa.DataType) -> pa.Array:
         a = pa.array([v[name] for v in vals])
+        if isinstance(a, pa.ChunkedArray):  # over 2 GiB of text in one batch: the per-row lanes take it
+            raise TypeError(f"{name}: {a.num_chunks} chunks")
         if a.type == pa.null():
             return a.cast(kind)
         if a.type != kind:
@@ -78,16 +85,16 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     ok &= _np(pc.is_valid(inserted)) & _np(pc.is_valid(retried)) & _np(pc.is_valid(text))
     headers = pc.fill_null(headers, "")
     ok &= ~_np(pc.match_substring_regex(headers, _ODD))
-    for name in ("from_endpoint", "correlation_id", "label", "unique_id"):
+    for name in ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id"):
         ok &= ~_np(pc.match_substring_regex(pc.fill_null(texts[name], ""), _CONTROL))
     sent, sure = _utc(inserted, tz)
-    ok &= sure
+    ok &= sure & _years_ok(inserted)
     delayed = _np(pc.equal(subqueue, "R"))
     due, sure = _utc(retried, tz)
-    ok &= sure | ~delayed
+    ok &= (sure & _years_ok(retried)) | ~delayed
     failed = _np(pc.equal(subqueue, "F"))
     failed_at, sure = _utc(pc.coalesce(processed, retried), tz)
-    ok &= sure | ~failed
+    ok &= (sure & _years_ok(pc.coalesce(processed, retried))) | ~failed
     ok &= ~(failed & _np(pc.match_substring_regex(pc.fill_null(errors, ""), _CONTROL_BUT_LINES)))
     parsed: dict[int, Any] = {}
     for i in np.flatnonzero(ok & failed).tolist():
@@ -96,6 +103,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
             ok[i] = False
         parsed[i] = e
     body_types = [_root_type(t) if good else None for t, good in zip(text.to_pylist(), ok.tolist())]
+    body_types = [None if t and _CONTROL_CHARS.search(t) else t for t in body_types]
     ok &= np.array([t is not None for t in body_types], dtype=bool)
     names, values, split_ok = _split(headers, len(vals))
     ok &= split_ok
@@ -120,7 +128,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
              "retry": pc.not_equal(retry_count, 0), "corr": pc.not_equal(texts["correlation_id"], ""),
              "from_body": from_body, "inner": inner}
     key = pc.binary_join_element_wise(
-        pc.binary_join(names, "\x1f"), *(pc.if_else(f, "1", "0") for f in flags.values()), legacy_type,
+        pc.list_value_length(names).cast(pa.string()), pc.binary_join(names, "\x1f"), *(pc.if_else(f, "1", "0") for f in flags.values()), legacy_type,
         texts["to_endpoint"], pc.fill_null(reply, ""), pc.is_valid(reply).cast(pa.string()), subqueue, _SEP)
     encoded = pc.dictionary_encode(key)
     groups = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
@@ -187,10 +195,22 @@ def _wire(utc: pa.Array) -> pa.Array:
     us = np.asarray(pc.fill_null(utc.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
     seconds, micro = np.divmod(us, 1_000_000)
     unique, at = np.unique(seconds, return_inverse=True)
-    heads = pa.array([(_EPOCH + timedelta(seconds=s)).strftime("%Y-%m-%d %H:%M:%S:") for s in unique.tolist()], pa.string())
+    heads = pa.array([_head(_EPOCH + timedelta(seconds=s)) for s in unique.tolist()], pa.string())
     tails = pc.utf8_slice_codeunits(pa.array(micro + 1_000_000).cast(pa.string()), 1)
     text = pc.binary_join_element_wise(heads.take(pa.array(at)), tails, " Z", "")
     return pc.if_else(pc.is_valid(utc), text, pa.scalar(None, pa.string()))
+
+
+def _head(t: datetime) -> str:
+    """A wire time's text up to its microseconds, as to_wire pads it (strftime's %Y may not)."""
+    return "%04d-%02d-%02d %02d:%02d:%02d:" % (t.year, t.month, t.day, t.hour, t.minute, t.second)
+
+
+def _years_ok(local: pa.Array) -> np.ndarray:
+    """Times in the years whose zone rules Arrow and zoneinfo read alike, and whose wire text
+    has four digits of year (1000 to 2037)."""
+    year = pc.year(local)
+    return _np(pc.and_(pc.greater_equal(year, 1000), pc.less_equal(year, 2037)))
 
 
 def _wire_where(utc: pa.Array, where: pa.Array) -> pa.Array:

@@ -71,7 +71,7 @@ def lane_outcomes(cols: PlainColumns, envelope: object, ledger_target: object) -
             done.given_back.append(rows)
             continue
         parts = _template(out.headers)
-        if parts is None:
+        if parts is None or not _known(cols, parts[1::2]):
             done.given_back.append(rows)
             continue
         take = pa.array(rows)
@@ -94,6 +94,11 @@ def _template(headers: dict[str, str]) -> list[str] | None:
     if any("\\u0000" in p for p in parts[0::2]):
         return None
     return parts
+
+
+def _known(cols: PlainColumns, names: list[str]) -> bool:
+    """Whether every marker the template names is a column the source gave (or a header value)."""
+    return all(n in cols.values or (n[:1] == "L" and n[1:].isdigit()) for n in names)
 
 
 def _escape(a: pa.Array) -> pa.Array:

@@ -35,7 +35,8 @@ REPLIES = st.sampled_from(["sql://db/Replies", "sql://db/Sender", "sql://db/MQue
 # 02:00-03:00 on 25 October comes twice) and an ordinary day.
 TIMES = st.sampled_from([datetime(2026, 3, 29, 1, 59, 59, 999999), datetime(2026, 3, 29, 2, 30),
                          datetime(2026, 3, 29, 3, 0), datetime(2026, 10, 25, 2, 30), datetime(2026, 10, 25, 3, 0, 0, 1),
-                         datetime(2026, 7, 1, 12, 0, 0, 123456), datetime(2026, 1, 1, 0, 0)])
+                         datetime(2026, 7, 1, 12, 0, 0, 123456), datetime(2026, 1, 1, 0, 0), datetime(2040, 7, 1, 12, 0),
+                         datetime(999, 6, 1, 12, 0), datetime(1, 1, 1, 0, 30)])
 ERRORS = st.sampled_from([None, "", "   ", "System.Exception: boom\r\n   at X.Y()",
                           "System.InvalidOperationException: outer ---> System.IO.IOException: inner\r\n   at A.B()",
                           "the disk was full\nsecond line", "System.Exception: tab\there\r\n   at X()",

@@ -81,15 +81,15 @@ def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: l
     stats.delivered += lane_delivered
     stats.skipped += sum(len(i) for i, _ in done.skipped)
     rest_at = np.flatnonzero(~taken)
-    places: list[int] = []
+    rest_places: list[int] = []
     before = stats.delivered
     outs, more, quarantined, consumed = runner._process(tconn, source, [rows[i] for i in rest_at.tolist()], lock,
-                                                        stats, known, places)
+                                                        stats, known, rest_places)
     if lane_delivered:
         oldest = pc.min(cols.sent.take(np.concatenate(delivered))).as_py()
         lag = max(0.0, (utcnow() - oldest).total_seconds())
         stats.lag_seconds = max(lag, stats.lag_seconds or 0.0) if stats.delivered > before else lag
-    write = LaneBatch(done.tables, [(int(rest_at[p]), out) for p, out in zip(places, outs)])
+    write = LaneBatch(done.tables, [(int(rest_at[p]), out) for p, out in zip(rest_places, outs)])
     return [write], entries + more, quarantined, consume + consumed
 
 

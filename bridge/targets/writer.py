@@ -45,7 +45,7 @@ class TargetWriter:
 
     def write(self, conn: sa.Connection, outs: Sequence[Outgoing | LaneBatch]) -> None:
         if len(outs) == 1 and isinstance(outs[0], LaneBatch):
-            write_lane(self, conn, outs[0])
+            self.write_lane(conn, outs[0])
             return
         groups: dict[tuple[str, str], list[Outgoing]] = defaultdict(list)
         for out in outs:
@@ -82,6 +82,46 @@ class TargetWriter:
             return ("Id", "Expires", "Headers", "Body", "Recoverable"), [(*row, True) for row in rows]
         return ("Id", "Expires", "Headers", "Body"), rows
 
+    def write_lane(self, conn: sa.Connection, batch: LaneBatch) -> None:
+        """Every table's rows in batch order, so the queue's `seq` orders them as the per-row lane would."""
+        import numpy as np
+        import pyarrow as pa
+
+        utc, naive = pa.timestamp("us", "UTC"), pa.timestamp("us")
+        parts: dict[tuple[str, str], list[TableColumns]] = {}
+        for t in batch.tables:
+            parts.setdefault((t.kind, t.queue), []).append(t)
+        singles: dict[tuple[str, str], list[tuple[int, Outgoing]]] = {}
+        for at, out in batch.outs:
+            singles.setdefault((out.kind, out.queue), []).append((at, out))
+        for kind, queue in dict.fromkeys([*parts, *singles]):
+            lane, rows = parts.get((kind, queue), []), singles.get((kind, queue), [])
+            positions = np.concatenate([t.positions for t in lane] + [np.array([at for at, _ in rows], dtype=np.int64)])
+            headers = pa.concat_arrays([t.headers for t in lane] + [pa.array([headers_json(o.headers) for _, o in rows], pa.string())])
+            bodies = pa.concat_arrays([t.bodies for t in lane] + [pa.array([o.body for _, o in rows], pa.binary())])
+            expires = pa.concat_arrays([pa.nulls(len(t.positions), naive) for t in lane]
+                                       + [pa.array([naive_utc(o.expires) for _, o in rows], naive)])
+            dues = pa.concat_arrays([t.due if t.due is not None else pa.nulls(len(t.positions), utc) for t in lane]
+                                    + [pa.array([o.due for _, o in rows], utc)])
+            order = pa.array(np.argsort(positions, kind="stable"))
+            self._write_columns(conn, kind, queue, headers.take(order), bodies.take(order), expires.take(order), dues.take(order))
+
+    def _write_columns(self, conn: sa.Connection, kind: str, queue: str, headers: pa.Array, bodies: pa.Array,
+                       expires: pa.Array, dues: pa.Array) -> None:
+        """One transport table's rows, given as columns: COPY BINARY from Arrow on PostgreSQL,
+        the flavor's rows by `_rows` elsewhere."""
+        import pyarrow as pa
+
+        table, have = self.table(conn, kind, queue)
+        if copies(conn) and self.tables.flavor == "postgresql":
+            ids = pa.array([u.bytes for u in row_ids(len(headers))], pa.binary(16))
+            columns: dict[str, Any] = ({"id": ids, "headers": headers, "body": bodies, "due": dues} if kind == "delayed"
+                                       else {"id": ids, "expires": expires, "headers": headers, "body": bodies})
+            copy_arrow(conn, table, pa.table(columns))
+            return
+        names, rows = self._rows(kind, headers.to_pylist(), bodies.to_pylist(), expires.to_pylist(), dues.to_pylist(), have)
+        insert_values(conn, table, names, rows)
+
     def write_subscriptions(self, conn: sa.Connection, subs: Iterable[tuple[Subscription, str, str]]) -> int:
         """Upserts (subscription, routed endpoint, queue address) rows; returns how many changed."""
         t = self.tables.subscriptions()
@@ -101,8 +141,6 @@ class TargetWriter:
         return changed
 
 
-
-
 @dataclass
 class LaneBatch:
     """What one batch writes when the columnar lane took part: the lane's tables, and the
@@ -110,43 +148,3 @@ class LaneBatch:
 
     tables: list[TableColumns] = field(default_factory=list)
     outs: list[tuple[int, Outgoing]] = field(default_factory=list)
-
-
-def write_lane(writer: TargetWriter, conn: sa.Connection, batch: LaneBatch) -> None:
-    """Every table's rows in batch order, so the queue's `seq` orders them as the per-row lane would."""
-    import numpy as np
-    import pyarrow as pa
-
-    utc, naive = pa.timestamp("us", "UTC"), pa.timestamp("us")
-    parts: dict[tuple[str, str], list[TableColumns]] = {}
-    for t in batch.tables:
-        parts.setdefault((t.kind, t.queue), []).append(t)
-    singles: dict[tuple[str, str], list[tuple[int, Outgoing]]] = {}
-    for at, out in batch.outs:
-        singles.setdefault((out.kind, out.queue), []).append((at, out))
-    for kind, queue in dict.fromkeys([*parts, *singles]):
-        lane, rows = parts.get((kind, queue), []), singles.get((kind, queue), [])
-        positions = np.concatenate([t.positions for t in lane] + [np.array([at for at, _ in rows], dtype=np.int64)])
-        headers = pa.concat_arrays([t.headers for t in lane] + [pa.array([headers_json(o.headers) for _, o in rows], pa.string())])
-        bodies = pa.concat_arrays([t.bodies for t in lane] + [pa.array([o.body for _, o in rows], pa.binary())])
-        expires = pa.concat_arrays([pa.nulls(len(t.positions), naive) for t in lane]
-                                   + [pa.array([naive_utc(o.expires) for _, o in rows], naive)])
-        dues = pa.concat_arrays([t.due if t.due is not None else pa.nulls(len(t.positions), utc) for t in lane]
-                                + [pa.array([o.due for _, o in rows], utc)])
-        order = pa.array(np.argsort(positions, kind="stable"))
-        _write(writer, conn, kind, queue, headers.take(order), bodies.take(order), expires.take(order), dues.take(order))
-
-
-def _write(writer: TargetWriter, conn: sa.Connection, kind: str, queue: str, headers: pa.Array, bodies: pa.Array,
-           expires: pa.Array, dues: pa.Array) -> None:
-    import pyarrow as pa
-
-    table, have = writer.table(conn, kind, queue)
-    if copies(conn) and writer.tables.flavor == "postgresql":
-        ids = pa.array([u.bytes for u in row_ids(len(headers))], pa.binary(16))
-        columns: dict[str, Any] = ({"id": ids, "headers": headers, "body": bodies, "due": dues} if kind == "delayed"
-                                   else {"id": ids, "expires": expires, "headers": headers, "body": bodies})
-        copy_arrow(conn, table, pa.table(columns))
-        return
-    names, rows = writer._rows(kind, headers.to_pylist(), bodies.to_pylist(), expires.to_pylist(), dues.to_pylist(), have)
-    insert_values(conn, table, names, rows)

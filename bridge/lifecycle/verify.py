@@ -8,7 +8,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from bridge.pipeline.inprocess import backlog_of
-from bridge.pipeline.loop import SCAN_CHUNK, JobRunner, chunked
+from bridge.pipeline.loop import SCAN_CHUNK, JobRunner
+from bridge.pipeline.stats import key_chunks
 from bridge.timefmt import utcnow
 
 
@@ -147,14 +148,9 @@ def _explain(runner: JobRunner, tconn: sa.Connection, source: Any, keys: list[st
                 b.missing_keys.append(k)
 
 
-def _chunks(keys: Any) -> Any:
-    """Keys as strings, in lists of SCAN_CHUNK: verify streams both sides, whatever the size."""
-    return chunked(str(k) for k in keys)
-
-
 def _scan_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, b: QueueBooks) -> None:
     """A scan source has no checkpoint: each row there now is in an outcome or in the backlog."""
-    for keys in _chunks(source.iter_keys(sconn)):
+    for keys in key_chunks(source.iter_keys(sconn)):
         outcomes = runner.ledger_lookup(tconn, source, keys)
         b.backlog += len(keys) - len(outcomes)
         b.source_rows += len(outcomes)
@@ -169,7 +165,7 @@ def _queue_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, 
     for outcome, n in counts.items():
         setattr(b, outcome, n)
     b.source_rows = b.delivered + b.skipped + b.quarantined
-    for keys in _chunks(source.queued_keys(sconn)):
+    for keys in key_chunks(source.queued_keys(sconn)):
         known = runner.ledger_lookup(tconn, source, keys)
         b.pending += len(known)
         b.backlog += len(keys) - len(known)

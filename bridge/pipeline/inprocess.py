@@ -8,7 +8,8 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from bridge.pipeline.loop import JobRunner, PassStats, chunked
+from bridge.pipeline.loop import JobRunner, PassStats
+from bridge.pipeline.stats import key_chunks
 from bridge.retry import with_backoff
 
 
@@ -17,7 +18,7 @@ def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, so
     if source.cursor == "queue":
         return source.count_after(sconn, None)
     if source.cursor == "scan":
-        return sum(len(keys) - len(runner.ledger_lookup(tconn, source, keys)) for keys in chunked(str(k) for k in source.iter_keys(sconn)))
+        return sum(len(keys) - len(runner.ledger_lookup(tconn, source, keys)) for keys in key_chunks(source.iter_keys(sconn)))
     return source.count_after(sconn, cp.high if cp else None)
 
 

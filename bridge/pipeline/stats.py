@@ -24,6 +24,12 @@ def chunked(items: Any, size: int = SCAN_CHUNK) -> Any:
         yield chunk
 
 
+def key_chunks(keys: Any) -> Any:
+    """Keys as the ledger holds them (text), in lists of SCAN_CHUNK: a walk over every key of a
+    queue streams, whatever the size (verify, status and the backlog count)."""
+    return chunked(str(k) for k in keys)
+
+
 
 @dataclass
 class PassStats:

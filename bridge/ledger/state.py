@@ -7,6 +7,7 @@ moved checkpoint commit in one transaction (GUIDE guarantee 1).
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,6 +23,8 @@ from bridge.ledger.inflight import Inflight, inflight_table
 from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.model import LEDGER_KEY_MAX, pending_key
 from bridge.ledger.gaps import Gap
+
+log = logging.getLogger("qbridge.ledger")
 from bridge.targets.bulk import insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
 from bridge.ledger.totals import Totals, batch_counts, totals_table
@@ -179,6 +182,20 @@ class State:
     def all_tables(self) -> list[sa.Table]:
         return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table,
                 self.givebacks, self.inflight.table, self.jobs]
+
+    def refresh_stats(self, engine: sa.Engine) -> None:
+        """Has PostgreSQL sample the ledger again. Without statistics (autovacuum off, or not yet
+        round after a bulk load) its planner took a lookup of 10,000 keys for a scan of every
+        entry of the queue through the (origin, at) index: 0.3 s a chunk at 2M entries, 0.03 s
+        once sampled. ANALYZE reads a fixed sample (~30,000 rows), whatever the ledger holds."""
+        if engine.dialect.name != "postgresql":
+            return  # InnoDB samples on its own after 10% changed; SQLite's planner needs no sample for a primary key
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"ANALYZE {conn.dialect.identifier_preparer.format_table(self.ledger)}"))
+        except sa_exc.SQLAlchemyError as e:  # not the owner, say: lookups are slower, nothing is wrong
+            log.warning("could not refresh the ledger's planner statistics (%s); lookups may be slow until autovacuum "
+                        "does", str(getattr(e, "orig", e)).strip().splitlines()[0])
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:

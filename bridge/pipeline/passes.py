@@ -197,33 +197,30 @@ class Passes(Batch):
         """A source without an increasing key: walk every row's key, in chunks, and let the ledger
         say which are new, until one batch of new keys is found (memory stays bounded by a chunk
         and a batch, whatever the store holds). In move mode, rows delivered earlier but still
-        there are consumed."""
-        todo: list[Any] = []
-        leftovers: list[Any] = []
+        there are consumed. The walk goes in the keyset's order, which is the ledger's, so the
+        lookups read the ledger's index in order; the batch is the oldest of the new keys."""
         size = self.job.batch_size
-        more = False
-        keys = source.iter_keys(sconn)
+        oldest = Oldest(size)
+        leftovers: list[Any] = []
+        walk = source.iter_aged(sconn)
         try:
-            for chunk in chunked(keys, SCAN_CHUNK):
-                seen = self.ledger_lookup(tconn, source, chunk)
-                for k in chunk:
+            for chunk in chunked(walk, SCAN_CHUNK):
+                seen = self.ledger_lookup(tconn, source, [k for k, _ in chunk])
+                for k, age in chunk:
                     outcome = seen.get(k)
                     if outcome is None:
-                        if len(todo) < size:
-                            todo.append(k)
-                        else:
-                            more = True
+                        oldest.add(age, k)
                     elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
                         leftovers.append(k)
-                if more and not lock:
-                    break
+                if oldest.more and source.walks_oldest_first and not lock:
+                    break  # the rest is younger than this batch
         finally:
-            close = getattr(keys, "close", None)
+            close = getattr(walk, "close", None)
             if close:
                 close()
-        # Every key in `todo` was unknown to the ledger: the batch needs no second lookup (a
-        # racing process is caught by the ledger's primary key, and the pass is retried).
-        return source.fetch_keys(sconn, todo, lock), more, leftovers, {}
+        # Every key in the batch was unknown to the ledger: it needs no second lookup (a racing
+        # process is caught by the ledger's primary key, and the pass is retried).
+        return source.fetch_keys(sconn, oldest.keys(), lock), oldest.more, leftovers, {}
 
     def drain(self, queue: str, on_pass=None, should_stop=lambda: False, before_pass=lambda: None) -> PassStats:
         """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
@@ -238,3 +235,29 @@ class Passes(Batch):
                 on_pass(stats)
             if not stats.more or should_stop():
                 return total
+
+
+class Oldest:
+    """The `size` oldest of the keys added, in bounded memory (at most twice `size` held):
+    the batch of a scan pass whose walk does not go oldest first."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.held: list[tuple[Any, Any]] = []
+        self.more = False  # more than `size` were added
+
+    def add(self, age: Any, key: Any) -> None:
+        self.held.append((age, key))
+        if len(self.held) >= 2 * self.size:
+            self._cut()
+
+    def _cut(self) -> None:
+        self.held.sort(key=lambda p: p[0])
+        if len(self.held) > self.size:
+            del self.held[self.size:]
+            self.more = True
+
+    def keys(self) -> list[Any]:
+        """The oldest first."""
+        self._cut()
+        return [k for _, k in self.held]

@@ -271,9 +271,11 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
     started = time.monotonic()
     fences = {p.runner.job.name: (p.runner.fence.epoch, p.runner.fence.holder, p.runner.fence.missing)
               for p in plans if p.runner.fence is not None}
-    results = _execute(config, sc, units, console, fences) if units else []
+    stats = LedgerStats(plans)
+    results = _execute(config, sc, units, console, fences, stats.units_completed) if units else []
     spark_seconds = time.monotonic() - started
     units_done()
+    stats.refresh()  # the closing passes walk every scan key against the ledger the units filled
     log.info("Spark ran %d units in %.1fs", len(units), spark_seconds)
 
     by_queue: dict[tuple[str, str], list[tuple[PassStats, list[Gap]]]] = {}
@@ -303,10 +305,31 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
     return totals
 
 
+class LedgerStats:
+    """Keeps the target databases' planner statistics of the ledger up with what the units
+    write: refreshed each time the completed units double (1, 2, 4, ...), so a ledger filled
+    from empty is sampled a logarithmic number of times, each a fixed-size sample."""
+
+    def __init__(self, plans: list[QueuePlan]) -> None:
+        self.runners = list({id(p.runner.target_engine): p.runner for p in plans}.values())
+        self.next_at = 1
+
+    def units_completed(self, done: int) -> None:
+        if done >= self.next_at:
+            self.next_at = 2 * max(done, self.next_at)
+            self.refresh()
+
+    def refresh(self) -> None:
+        for runner in self.runners:
+            runner.state.refresh_stats(runner.target_engine)
+
+
 def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,
-             fences: dict[str, tuple[int | None, str, str | None]]) -> list[tuple[int, PassStats, list[Gap]]]:
+             fences: dict[str, tuple[int | None, str, str | None]],
+             on_progress: Any = lambda done: None) -> list[tuple[int, PassStats, list[Gap]]]:
     """Runs the units as one Spark job, one partition each, with a progress bar over them;
-    `fences`: job -> (epoch, holder, why unfenced), checked by every batch of the tasks."""
+    `fences`: job -> (epoch, holder, why unfenced), checked by every batch of the tasks;
+    `on_progress(units completed)` on the driver every half second."""
     group = f"qbridge-{os.getpid()}-{time.time_ns()}"
     sc.setJobGroup(group, "qbridge migrate", interruptOnCancel=True)
     rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u, fences))
@@ -327,7 +350,9 @@ def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,
             task = progress.add_task("units", total=len(units))
             while worker.is_alive():
                 worker.join(0.5)
-                progress.update(task, completed=_completed(tracker, group))
+                done = _completed(tracker, group)
+                progress.update(task, completed=done)
+                on_progress(done)
             progress.update(task, completed=len(units) if "results" in box else _completed(tracker, group))
     except KeyboardInterrupt:
         sc.cancelJobGroup(group)

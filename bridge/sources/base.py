@@ -248,8 +248,18 @@ class ScanSource(Source):
         return list(self.iter_keys(conn))
 
     def iter_keys(self, conn: sa.Connection) -> Iterator[Any]:
-        """Every key, oldest first, streamed (bounded memory for verify, backlog and planning)."""
+        """Every key in the keyset's order, streamed (bounded memory for verify, backlog and
+        planning). Ledger keys sort as the keyset does, so chunks of them are looked up in the
+        ledger's own order: at 2M handles, a walk in delivery order made every lookup a seek."""
         return self.iter_slice(conn, None, None)
+
+    def iter_aged(self, conn: sa.Connection) -> Iterator[tuple[Any, Any]]:
+        """Every key with its age (what sorts it oldest first), in the keyset's order: a pass
+        takes the oldest new keys. By default the keyset's order is the age."""
+        return ((key, n) for n, key in enumerate(self.iter_keys(conn)))
+
+    #: the keyset's order is oldest first: a pass may stop at its first full batch of new keys
+    walks_oldest_first: ClassVar[bool] = True
 
     def _slice(self, after: Sequence[Any] | None, upto: Sequence[Any] | None, dialect: str) -> sa.Select:
         cols = list(self.keyset().c)

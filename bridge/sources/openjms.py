@@ -141,12 +141,16 @@ class OpenJMSSource(ScanSource):
         return (sa.select(h.c.consumerid.label("c"), h.c.messageid.label("m"))
                 .select_from(h).join(d, d.c.destinationid == h.c.destinationid).where(d.c.name == self.queue).subquery())
 
-    def iter_keys(self, conn: sa.Connection) -> Iterator[str]:
-        """Every handle, in OpenJMS's delivery order (accepted first), streamed: for passes."""
-        h = self.t["message_handles"]
-        stmt = self._handles(False).with_only_columns(h.c.messageid, h.c.consumerid)
-        for mid, cid in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
-            yield self.key_of(mid, cid)
+    walks_oldest_first: ClassVar[bool] = False  # the keyset goes by consumer and message id
+
+    def iter_aged(self, conn: sa.Connection) -> Iterator[tuple[str, tuple[int, int]]]:
+        """Every handle in the keyset's order, aged by OpenJMS's delivery order (accepted first)."""
+        h, d = self.t["message_handles"], self.t["destinations"]
+        stmt = (sa.select(h.c.messageid, h.c.consumerid, h.c.acceptedtime, h.c.sequencenumber)
+                .select_from(h).join(d, d.c.destinationid == h.c.destinationid).where(d.c.name == self.queue)
+                .order_by(h.c.consumerid, h.c.messageid).execution_options(stream_results=True, yield_per=10_000))
+        for mid, cid, accepted, seq in conn.execute(stmt):
+            yield self.key_of(mid, cid), (accepted if accepted is not None else -1, seq if seq is not None else -1)
 
     def key_of_row(self, row: Sequence[Any]) -> str:
         return self.key_of(row[1], row[0])

@@ -287,3 +287,27 @@ def test_consuming_one_subscribers_handle_keeps_the_message_for_the_other(jms: J
         assert topic.consume(conn, [keys[0]]) == 0  # idempotent
         assert topic.consume(conn, [keys[1]]) == 1
     assert jms.count_rows("message_handles") == 0 and jms.count_rows("messages") == messages - 1
+
+
+@pytest.mark.parametrize("mode", ["copy", "move"])
+def test_a_pass_takes_the_oldest_new_handles_first(request, tmp_path: Path, pg_server: str, pg_schema: str,
+                                                   jms_kind: str, mode: str) -> None:
+    """A pass walks handles by message id (the ledger's order, for sequential lookups) and still
+    takes the oldest new handles as its batch, more than a batch's worth of them included."""
+    for j in make_jms(jms_kind, request, tmp_path, pg_server, pg_schema, mode=mode, batch_size=3, queues=["orders"]):
+        for i in range(8):  # message ids sort the other way round from their accept times
+            j.queue_message(f"ID:m-{i}", accepted=1_141_916_400_000 + 1000 * (8 - i))
+        runner = j.runner()
+        source = runner.sources["orders"]
+        with j.source.connect() as conn:
+            assert [k for k, _ in source.iter_aged(conn)] == [f"ID:m-{i}#100" for i in range(8)]
+        taken = []
+        for expected in ([7, 6, 5], [4, 3, 2], [1, 0]):
+            stats = runner.run_pass("orders")
+            assert stats.delivered == len(expected) and stats.more == (len(expected) == 3)
+            with j.target.connect() as conn:
+                known = runner.ledger_lookup(conn, source, [f"ID:m-{i}#100" for i in range(8)])
+            new = sorted(set(known) - set(taken))
+            assert new == sorted(f"ID:m-{i}#100" for i in expected)
+            taken += new
+        assert j.count("Orders") == 8 and j.cli("verify") == 0

@@ -12,7 +12,7 @@ from bridge.errors import ConfigError
 from bridge.identifiers import check_name
 from bridge.mapping import Mapping, load_mapping
 from bridge.settings_io import expand_env, read_toml, validate
-from bridge.timefmt import parse_duration, zone
+from bridge.timefmt import parse_duration, parse_rate, zone
 
 SYSTEMS = ("nginn", "openjms", "biztalk")
 LEGACY_SYSTEMS = SYSTEMS
@@ -139,11 +139,45 @@ class JobConfig(BaseModel):
     # How long a scan source's or a reverse job's ledger entry is kept once its source row is
     # gone (as the NServiceBus Outbox keeps its deduplication data); never shorter than the window.
     ledger_retention: str = "7d"
+    # Steering (issue 38). At most this many messages a second ("200/s", "12000/m", "50/h"),
+    # held across batches and schedules; `migrate` shares it out over its task slots.
+    max_rate: str | None = None
+    # Back-pressure: while a destination queue table holds more rows than this, the job holds its
+    # messages, until the queue is below `resume_depth_percent` of it. A number for every queue
+    # the job writes, or a table of queue -> number with "*" for the others.
+    max_target_depth: int | dict[str, int] | None = None
+    resume_depth_percent: int = Field(default=80, ge=1, le=100)
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         return check_name(value, "job name")
+
+    @field_validator("max_rate")
+    @classmethod
+    def _rate(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_rate(value)
+        return value
+
+    @field_validator("max_target_depth")
+    @classmethod
+    def _depth(cls, value: int | dict[str, int] | None) -> int | dict[str, int] | None:
+        for n in ([value] if isinstance(value, int) else (value or {}).values()):
+            if n < 1:
+                raise ValueError(f"max_target_depth {n} must be at least 1 row")
+        return value
+
+    @property
+    def rate_per_second(self) -> float | None:
+        return parse_rate(self.max_rate) if self.max_rate else None
+
+    def depth_limit(self, queue: str) -> int | None:
+        """The most rows `queue` may hold before the job holds its messages (None: no limit)."""
+        d = self.max_target_depth
+        if d is None or isinstance(d, int):
+            return d
+        return d.get(queue, d.get("*"))
 
     @field_validator("late_commit_window", "ledger_retention")
     @classmethod

@@ -125,3 +125,14 @@ def parse_duration(text: str) -> float:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
+
+
+def parse_rate(text: str) -> float:
+    """Messages a second in "200/s", "12000/m", "50/h"; ValueError naming the text otherwise."""
+    m = _RATE.match(text)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a rate (expected a number above 0 per s, m or h, e.g. '200/s')")
+    return float(m.group(1)) / _UNIT_SECONDS[m.group(2)]

@@ -47,6 +47,7 @@ class Bridge:
     mapping: str = MAPPING
     system: str = "nginn"
     schedule: str | None = None  # e.g. 'every = "1s"'
+    extra: str = ""  # more lines of the job's table, e.g. 'max_rate = "50/s"'
 
     def __post_init__(self) -> None:
         self.source = sa.create_engine(self.source_url, pool_pre_ping=True)
@@ -74,7 +75,7 @@ mapping  = "mapping.toml"
 mode     = "{self.mode}"
 batch_size = {self.batch_size}
 late_commit_window = "{self.window}"
-""" + (f"schedule = {{ {self.schedule} }}\n" if self.schedule else ""))
+""" + (f"schedule = {{ {self.schedule} }}\n" if self.schedule else "") + self.extra)
 
     # -- legacy side -----------------------------------------------------------------------
     def now_local(self) -> datetime:

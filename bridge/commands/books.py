@@ -111,17 +111,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps({"jobs": rows}).decode() + "\n")
         return 0
     t = Table(title="qbridge status")
-    for col in ("job", "mode", "last run", "rows moved", "lag", "backlog", "quarantined"):
+    for col in ("job", "mode", "state", "last run", "rows moved", "lag", "backlog", "quarantined"):
         t.add_column(col)
     for r in rows:
         lag = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}s"
         backlog = "?" if r["backlog"] is None else str(r["backlog"])
-        t.add_row(r["job"], r["mode"], r["last_run"] or "never", str(r["rows_moved"]), lag, backlog, str(r["quarantined"]))
+        t.add_row(r["job"], r["mode"], state_of(r["steering"]), r["last_run"] or "never", str(r["rows_moved"]), lag, backlog,
+                  str(r["quarantined"]))
     out.print(t)
+    for r in rows:
+        s = r["steering"]
+        if s["paused"]:
+            out.print(f"job {r['job']}: paused by {s['paused_by']} at {s['paused_at']}: {s['why']}", markup=False)
     for r in rows:
         if r["source_error"]:
             out.print(f"job {r['job']}: legacy database unreachable, backlog unknown: {r['source_error']}", markup=False)
     return 0
+
+
+def state_of(steering: dict) -> str:
+    """One word or phrase for a job's steering state: running, paused, or held and why."""
+    if steering["paused"]:
+        return "paused"
+    if steering["held"]:
+        return f"held: {steering['held']}"
+    return "running"
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, ContextManager
 
 from bridge.commands.common import err, out, runners_of
+from bridge.commands.steering import unpaused
 from bridge.errors import UsageError
 from bridge.pipeline.loop import JobRunner
 from bridge.pipeline.stats import summary_table
@@ -44,6 +45,9 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from bridge.pipeline.inprocess import run_inprocess
 
     _, runners = runners_of(args)
+    runners = unpaused(runners, args.even_if_paused)
+    if not runners:
+        return 0
     with holding(args, runners):
         out.print(summary_table(run_inprocess(runners, console=err, attempts=args.retries)))
     return 0
@@ -55,6 +59,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     config, runners = runners_of(args)
     if args.unit_rows is not None and args.unit_rows < 1:
         raise UsageError("--unit-rows must be at least 1")
+    runners = unpaused(runners, args.even_if_paused)
+    if not runners:
+        return 0
     master = args.master
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         master = "local[*]"

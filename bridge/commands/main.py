@@ -31,6 +31,8 @@ HANDLERS: dict[str, str] = {
     "rollback": "bridge.commands.rollback:rollback_command",
     "quarantine": "bridge.commands.quarantine:quarantine_command",
     "inspect": "bridge.commands.inspect:cmd_inspect",
+    "pause": "bridge.commands.steering:cmd_pause",
+    "resume": "bridge.commands.steering:cmd_resume",
 }
 
 
@@ -77,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
     s.add_argument("--retries", type=int, default=6, help="attempts per batch when a database is unreachable or a deadlock occurs, waiting 0.1, 1, 2, 4, 8 s; each batch that commits starts afresh (default 6)")
     for c in (m, s):
+        c.add_argument("--even-if-paused", action="store_true", help="run a job an operator paused (`qbridge pause`) "
+                       "all the same; by default a paused job is skipped with a line saying who paused it, when and why")
         c.add_argument("--lock-wait", type=float, default=LOCK_WAIT, metavar="SECONDS",
                        help=f"how long to wait for a job another qbridge process holds (a `qbridge run`), then exit 1 "
                             f"naming the holder (default {LOCK_WAIT:g})")
@@ -105,6 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("action", choices=["prune"], help="prune: scan sources' and reverse jobs' entries that can no longer matter")
     lg.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
     lg.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    for name, help_ in (("pause", "pause one job at runtime, for every process that runs it (`qbridge run`, its standbys, "
+                                  "sync, migrate): a batch in flight commits, and no other starts until `qbridge resume`"),
+                        ("resume", "resume a paused job: every process running it goes on from its next batch")):
+        ps = cmd(name, help_)
+        ps.add_argument("--why", metavar="TEXT", required=name == "pause", help="why (shown wherever the job shows as paused, "
+                        "and kept in the audit trail)")
+        ps.add_argument("--by", metavar="NAME", help="who, for the audit trail (default: the login name)")
+        ps.add_argument("--json", action="store_true", help="the job's steering state after it, as one JSON document")
     ins = cmd("inspect", "decode legacy blobs saved to files and print what qbridge reads from them", config=False, job=False)
     ins.add_argument("kind", choices=sorted(INSPECTORS), help="what the file holds")
     ins.add_argument("files", nargs="+", metavar="FILE", help="the blob (several for biztalk-part: the fragments in order)")

@@ -21,6 +21,7 @@ from sqlalchemy import exc as sa_exc
 from bridge.ledger.fence import jobs_table
 from bridge.ledger.inflight import Inflight, inflight_table
 from bridge.ledger.ranges import Ranges, ranges_table
+from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
 from bridge.model import LEDGER_KEY_MAX, pending_key
 from bridge.ledger.gaps import Gap
 
@@ -123,7 +124,8 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
     )
     return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit,
             "totals": totals_table(schema, md), "ranges": ranges_table(schema, md), "givebacks": givebacks,
-            "inflight": inflight_table(schema, md), "jobs": jobs_table(schema, md)}
+            "inflight": inflight_table(schema, md), "jobs": jobs_table(schema, md),
+            "steering": steering_table(schema, md), "steering_audit": steering_audit_table(schema, md)}
 
 
 @dataclass
@@ -178,10 +180,11 @@ class State:
         self.ranges = Ranges(t["ranges"])
         self.givebacks, self.jobs = t["givebacks"], t["jobs"]
         self.inflight = Inflight(t["inflight"])
+        self.steering = SteeringBook(schema)
 
     def all_tables(self) -> list[sa.Table]:
         return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table,
-                self.givebacks, self.inflight.table, self.jobs]
+                self.givebacks, self.inflight.table, self.jobs, self.steering.table, self.steering.audit]
 
     def refresh_stats(self, engine: sa.Engine) -> None:
         """Has PostgreSQL sample the ledger again. Without statistics (autovacuum off, or not yet

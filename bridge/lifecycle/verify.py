@@ -213,5 +213,6 @@ def status(runner: JobRunner) -> dict[str, Any]:
         "backlog": sum(backlog_values) if backlog_values and backlog_error is None else None,
         "quarantined": sum(q["quarantined"] for q in queues),
         "source_error": backlog_error,
+        "steering": runner.steering().as_json(),
         "queues": queues,
     }

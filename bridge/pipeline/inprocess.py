@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import sqlalchemy as sa
@@ -11,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bridge.pipeline.loop import JobRunner, PassStats
 from bridge.pipeline.stats import key_chunks
 from bridge.retry import with_backoff
+
+log = logging.getLogger("qbridge.sync")
 
 
 def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:
@@ -49,8 +52,11 @@ def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5)
                     progress.update(task, advance=stats.read)
 
                 # Each pass commits, so a retry after a failure resumes where it stopped.
-                with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}", attempts=attempts,
-                             progress=lambda r=runner: r.passes_done)
+                drained = with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}",
+                                       attempts=attempts, progress=lambda r=runner: r.passes_done)
+                if drained.waiting:
+                    log.info("queue %s not drained: %s", queue, drained.waiting)
+                    done.waiting = drained.waiting
                 progress.update(task, completed=max(n, done.read, 1))
                 totals.append(done)
     return totals

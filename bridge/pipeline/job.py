@@ -4,6 +4,7 @@ identities its messages are keyed by; the checks before its first pass; its subs
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -20,9 +21,11 @@ from bridge.identifiers import url_identity
 from bridge.ledger.upgrade import require_current
 from bridge.model import message_id_for, message_ids, queue_origin
 from bridge.pipeline.stats import PassStats
+from bridge.pipeline.steer import Pace, Pressure, rate_batch
 from bridge.ledger.ranges_upgrade import unfolded
 from bridge.sources import Source, SourceRow, Subscription, source_class
 from bridge.ledger.state import State
+from bridge.ledger.steering import Steering
 from bridge.targets import target_class
 from bridge.targets.base import Target
 from bridge.schemas.nservicebus import transport_tables
@@ -48,6 +51,7 @@ class JobSetup:
     bridge.pipeline.loop.JobRunner work on it)."""
 
     def __init__(self, config: Config, job: JobConfig) -> None:
+        self.configured = job  # as the config says; `job` is it with the batch a rate allows
         self.job = job
         self.mapping = config.mapping(job)
         self.source_url = config.connections[job.source.connection]
@@ -101,6 +105,37 @@ class JobSetup:
         # Below this many new rows a batch takes the per-row lanes: the columns' fixed cost (a few
         # hundred microseconds a batch) is more than what they save on so few rows.
         self.lane_min_rows = 64
+        self.pace = Pace(None)
+        self.set_rate(job.rate_per_second)
+        limits = {}
+        if isinstance(self.target, NServiceBusTarget):
+            for queue in self.mapping.target_queues():
+                limit = job.depth_limit(queue)
+                if limit is not None:
+                    limits[queue] = (self.tables.queue(queue), limit)
+        self.pressure = Pressure(self.target_engine, limits, job.resume_depth_percent)
+        self.even_if_paused = False  # `sync`/`migrate --even-if-paused`
+
+    def set_rate(self, rate: float | None) -> None:
+        """Caps this process's batches of the job at `rate` messages a second (a Spark task gets
+        its share of the job's max_rate)."""
+        self.pace = Pace(rate)
+        base = self.configured
+        self.job = base.model_copy(update={"batch_size": rate_batch(base.batch_size, rate)}) if rate else base
+
+    def may_go(self) -> str | None:
+        """None, or why the job's next batch must wait: an operator paused it, or a destination
+        queue is too deep. A change of the hold is written for `status` and the page to read."""
+        if not self.even_if_paused:
+            steering = self.steering()
+            if steering.paused:
+                return steering.paused_line()
+        before, since = self.pressure.held, self.pressure.since
+        held = self.pressure.check()
+        if held != before and self.kept(self.state.steering.table):
+            seconds = time.monotonic() - since if before is not None and since is not None else 0.0
+            self.state.steering.set_held(self.target_engine, self.job.name, held, seconds)
+        return None if held is None else f"job {self.job.name!r} held: {held}"
 
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:
         return message_id_for(source.system, self.database, source.queue, source.ledger_key(row))
@@ -173,6 +208,13 @@ class JobSetup:
     def inflight_kept(self) -> bool:
         """Whether keys in flight can be recorded and read; a move-mode Spark unit needs them."""
         return self.kept(self.state.inflight.table)
+
+    def steering(self) -> Steering:
+        """Whether an operator paused the job, or back-pressure holds it (bridge.ledger.steering)."""
+        if not self.kept(self.state.steering.table):
+            return Steering(self.job.name)
+        with self.target_engine.connect() as tconn:
+            return self.state.steering.read(tconn, [self.job.name])[self.job.name]
 
     def fenced(self, tconn: sa.Connection) -> None:
         """The last statement of every transaction that writes the job's books (bridge.ledger.fence)."""

@@ -228,7 +228,15 @@ class Passes(Batch):
         total = PassStats(queue)
         while True:
             before_pass()
+            why = self.may_go()
+            if why is not None:  # paused or held: the batch before this one has committed
+                total.waiting = why
+                return total
+            self.pace.wait(should_stop)
+            if should_stop():
+                return total
             stats = self.run_pass(queue)
+            self.pace.spent(stats.read)
             self.passes_done += 1  # committed: with_backoff's count of progress
             total.add(stats)
             if on_pass:

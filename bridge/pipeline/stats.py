@@ -49,6 +49,7 @@ class PassStats:
     t_read: float = 0.0
     t_map: float = 0.0
     t_write: float = 0.0
+    waiting: str | None = None  # why the drain stopped before the queue was drained: paused or held
 
     def add(self, other: PassStats) -> None:
         for name in ("read", "delivered", "skipped", "quarantined", "already", "consumed", "seconds", "t_read", "t_map", "t_write"):
@@ -57,6 +58,8 @@ class PassStats:
         self.gaps_given_up.extend(other.gaps_given_up)
         if other.lag_seconds is not None:
             self.lag_seconds = other.lag_seconds
+        if other.waiting is not None:
+            self.waiting = other.waiting
 
 
 

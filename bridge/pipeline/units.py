@@ -5,6 +5,7 @@ lets the ledger's key catch the rare message delivered already."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,10 @@ from bridge.pipeline.passes import Passes
 from bridge.pipeline.stats import PassStats, RangeResult
 from bridge.retry import with_backoff
 from bridge.sources import Source, SourceRow
+
+
+log = logging.getLogger("qbridge.batch")
+UNIT_POLL = 1.0  # seconds between looks at a pause or a hold, for a waiting Spark task
 
 
 class Units(Passes):
@@ -94,6 +99,7 @@ class Units(Passes):
     def _batch_tx(self, source: Source, fetch, total: PassStats) -> list[SourceRow]:
         """One batch in the two transactions of a pass; `total` is only added to once it commits."""
         lock = self.job.mode == "move"
+        self._wait_to_go()
         stats = PassStats(source.queue)
         started = time.monotonic()
         rows: list[SourceRow] = []
@@ -138,6 +144,19 @@ class Units(Passes):
                 self.state.inflight.drop(tconn, self.job.name, source.queue, flight[0])
         stats.read = len(rows)
         stats.seconds = time.monotonic() - started
+        self.pace.spent(len(rows))
         self._log(stats)
         total.add(stats)
         return rows
+
+    def _wait_to_go(self) -> None:
+        """A unit never ends early (its driver moves the checkpoint past all of its keys): paused
+        or held, its next batch waits, saying why once, and the rate is kept."""
+        why = self.may_go()
+        if why is not None:
+            log.info("%s; this task waits", why)
+            while why is not None:
+                time.sleep(UNIT_POLL)
+                why = self.may_go()
+            log.info("job=%s goes on", self.job.name)
+        self.pace.wait()

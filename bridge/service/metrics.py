@@ -53,6 +53,11 @@ class BridgeCollector(Collector):
         success = GaugeMetricFamily("qbridge_last_success_timestamp_seconds", "When the job last ran without an error",
                                     labels=["job"])
         retries = CounterMetricFamily("qbridge_retries", "Failed runs retried after a back-off", labels=["job", "reason"])
+        paused = GaugeMetricFamily("qbridge_job_paused", "1 while an operator has the job paused (qbridge pause)", labels=["job"])
+        holding = GaugeMetricFamily("qbridge_job_held", "1 while back-pressure holds the job (a destination queue over "
+                                    "max_target_depth)", labels=["job"])
+        held_seconds = CounterMetricFamily("qbridge_job_held_seconds", "Seconds the job was held by back-pressure, in all",
+                                           labels=["job"])
         for w in self.workers:
             job = w.name
             direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
@@ -71,11 +76,17 @@ class BridgeCollector(Collector):
                     lag.add_metric(labels, q["lag_seconds"])
                 gaps.add_metric(labels, q["open_gaps"])
             held.add_metric([job], 1.0 if w.lock.held else 0.0)
+            steering = books.get("steering")
+            if steering is not None:
+                paused.add_metric([job], 1.0 if steering["paused"] else 0.0)
+                holding.add_metric([job], 1.0 if steering["held"] else 0.0)
+                since = w.runner.pressure.held_for()  # the hold under way, which the books count once it ends
+                held_seconds.add_metric([job], steering["held_seconds"] + since)
             if w.last_success is not None:
                 success.add_metric([job], w.last_success)
             for reason, n in sorted(w.retries.items()):
                 retries.add_metric([job, reason], n)
-        yield from (messages, backlog, lag, gaps, held, success, retries)
+        yield from (messages, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
 
 
 class _Quiet(WSGIRequestHandler):

@@ -65,6 +65,7 @@ class JobWorker:
         self.retries: dict[str, int] = {}  # failed runs retried, by error class
         self.last_error: str | None = None  # the first line of the last failure, until a run succeeds
         self.prune_at = 0.0  # when the ledger is next pruned (clock seconds)
+        self.waiting: str | None = None  # why the job's last run stopped short: paused, or held
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
@@ -107,10 +108,19 @@ class JobWorker:
             runner.check()
             runner.sync_subscriptions()
             self.checked = True
+        waiting = None
         for queue in runner.sources:
             if self.stopping.is_set():
                 return
-            runner.drain(queue, should_stop=self.stopping.is_set, before_pass=self._confirm_lock)
+            waiting = runner.drain(queue, should_stop=self.stopping.is_set, before_pass=self._confirm_lock).waiting
+            if waiting is not None:
+                break
+        if waiting != self.waiting:  # one line per change, not one per tick
+            if waiting is not None:
+                log.info("%s; skipped until that changes", waiting)
+            else:
+                log.info("job=%s running again (%s)", self.name, self.waiting)
+            self.waiting = waiting
         if self.clock() >= self.prune_at and not self.stopping.is_set():
             self._prune()
 

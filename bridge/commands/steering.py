@@ -1,0 +1,72 @@
+"""`qbridge pause` and `qbridge resume`: one job stopped and started at runtime, for every
+process that runs it (bridge.ledger.steering), and how `sync` and `migrate` honour a pause."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+
+import orjson
+
+from bridge.commands.common import out, runners_of
+from bridge.errors import UsageError
+from bridge.pipeline.loop import JobRunner
+
+log = logging.getLogger("qbridge.steer")
+
+
+def actor(given: str | None) -> str:
+    """Who did it, for the audit trail: --by, or the login name."""
+    if given:
+        return given
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name (a container): say so rather than fail
+        return "unknown"
+
+
+def _one_job(args: argparse.Namespace) -> JobRunner:
+    _, runners = runners_of(args)
+    if args.job is None and len(runners) > 1:
+        raise UsageError(f"say which job: --job NAME (this config has {', '.join(r.job.name for r in runners)})")
+    return runners[0]
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    runner = _one_job(args)
+    before = runner.state.steering.set_paused(runner.target_engine, runner.job.name, True, actor(args.by), args.why)
+    was = f" (it was already paused by {before.paused_by}: {before.why})" if before.paused else ""
+    _say(args, runner, f"job {runner.job.name!r} paused{was}; a batch in flight commits, and no process starts another "
+                       "until `qbridge resume`")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    runner = _one_job(args)
+    before = runner.state.steering.set_paused(runner.target_engine, runner.job.name, False, actor(args.by), args.why)
+    _say(args, runner, f"job {runner.job.name!r} resumed" + ("" if before.paused else " (it was not paused)"))
+    return 0
+
+
+def _say(args: argparse.Namespace, runner: JobRunner, line: str) -> None:
+    if args.json:
+        out.print(orjson.dumps({"job": runner.job.name, **runner.steering().as_json()}).decode(), markup=False, highlight=False)
+    else:
+        out.print(line, markup=False, highlight=False)
+
+
+def unpaused(runners: list[JobRunner], even_if_paused: bool) -> list[JobRunner]:
+    """The runners whose job is not paused, each paused one skipped with one line saying who
+    paused it, when and why; `even_if_paused` runs them all, and says so."""
+    keep = []
+    for r in runners:
+        steering = r.steering()
+        if steering.paused and not even_if_paused:
+            log.warning("%s; skipped (`--even-if-paused` runs it anyway)", steering.paused_line())
+            continue
+        if steering.paused:
+            log.warning("%s; running it anyway (--even-if-paused)", steering.paused_line())
+            r.even_if_paused = True
+        keep.append(r)
+    return keep

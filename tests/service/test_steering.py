@@ -1,0 +1,210 @@
+"""Steering a job in flight (issue 38): pause and resume for every process that runs the job,
+a rate cap held across batches, and back-pressure from a destination queue an endpoint drains
+slowly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from bridge.pipeline.steer import Pace, rate_batch
+from helpers import Bridge
+from tests.service.test_scheduler import Log, run, stop, wait_for
+
+
+def qbridge(b: Bridge, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bridge", *args, "-c", str(b.config)], cwd=b.tmp, capture_output=True,
+                          text=True, timeout=300)
+
+
+def status(b: Bridge) -> dict:
+    r = qbridge(b, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    [job] = json.loads(r.stdout)["jobs"]
+    return job
+
+
+# -- pause and resume ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_pause_holds_both_runs_sync_and_migrate_until_resumed(pg_server: str, pg_schema: str, tmp_path: Path) -> None:
+    b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, schedule='every = "1s"',
+               batch_size=20)
+    assert b.cli("init") == 0
+    first, first_log = run(b)
+    second, second_log = run(b)
+    try:
+        b.insert(b.ready(10))
+        wait_for("the first rows", lambda: b.count("Orders") == 10, proc=first)
+        wait_for("the standby", lambda: first_log.has("standing by") or second_log.has("standing by"))
+        r = qbridge(b, "pause", "--why", "legacy team re-indexes MQueue1", "--by", "alice")
+        assert r.returncode == 0 and "paused" in r.stdout, r.stderr
+        active = first_log if second_log.has("standing by") else second_log
+        wait_for("the pause to be seen", lambda: active.has("is paused by alice"))
+        b.insert(b.ready(15, start=100))
+        time.sleep(3)  # three ticks of both schedulers
+        assert b.count("Orders") == 10, "a paused job moved messages"
+        # sync and migrate skip it with a line saying who, when and why, and exit 0
+        for cmd in (("sync", "--once"), ("migrate", "--master", "local[1]")):
+            r = qbridge(b, *cmd)
+            assert r.returncode == 0, r.stderr
+            assert "is paused by alice" in r.stderr and "legacy team re-indexes MQueue1" in r.stderr
+        assert b.count("Orders") == 10
+        s = status(b)["steering"]
+        assert s["paused"] and s["paused_by"] == "alice" and s["why"] == "legacy team re-indexes MQueue1"
+        assert "paused" in qbridge(b, "status").stdout
+        assert [line for line in active.lines if "is paused by alice" in line].__len__() == 1, "one line per pause, not per tick"
+        # the active run was killed while paused: the standby takes over, and still honours the pause
+        (first if active is first_log else second).kill()
+        time.sleep(3)
+        assert b.count("Orders") == 10
+        r = qbridge(b, "resume", "--by", "bob")
+        assert r.returncode == 0, r.stderr
+        wait_for("the rows held back", lambda: b.count("Orders") == 25)
+    finally:
+        for proc, log in ((first, first_log), (second, second_log)):
+            if proc.poll() is None:
+                stop(proc, log)
+    assert not status(b)["steering"]["paused"]
+    with b.target.connect() as conn:
+        audit = conn.execute(sa.text(f'select action, actor, why from "{pg_schema}".qbridge_steering_audit order by id')).all()
+    assert [tuple(a) for a in audit] == [("paused", "alice", "legacy team re-indexes MQueue1"), ("resumed", "bob", None)]
+    assert b.cli("verify") == 0
+    b.dispose()
+
+
+def test_sync_even_if_paused_runs_the_job(tmp_path: Path) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    b.insert(b.ready(5))
+    assert qbridge(b, "pause", "--why", "cutover rehearsal").returncode == 0
+    r = qbridge(b, "sync", "--once")
+    assert r.returncode == 0 and "skipped" in r.stderr and b.count("Orders") == 0
+    r = qbridge(b, "sync", "--once", "--even-if-paused")
+    assert r.returncode == 0 and "running it anyway" in r.stderr, r.stderr
+    assert b.count("Orders") == 5
+    b.dispose()
+
+
+def test_pause_needs_a_reason_and_a_job_the_config_has(tmp_path: Path) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    r = qbridge(b, "pause")
+    assert r.returncode == 2 and "--why" in r.stderr
+    r = qbridge(b, "pause", "--why", "x", "--job", "nope")
+    assert r.returncode != 0 and "nope" in r.stderr
+    b.dispose()
+
+
+def test_pause_on_a_target_without_the_table_says_run_init(tmp_path: Path) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    with b.target.begin() as conn:
+        conn.execute(sa.text("drop table qbridge_steering"))
+    r = qbridge(b, "pause", "--why", "x")
+    assert r.returncode != 0 and "qbridge init" in r.stderr, r.stderr
+    assert b.cli("init") == 0 and qbridge(b, "pause", "--why", "x").returncode == 0
+    b.dispose()
+
+
+# -- rate -----------------------------------------------------------------------------------------
+def test_pace_waits_rather_than_overshoots_and_earns_no_credit_idle() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    pace = Pace(100.0, clock=lambda: now[0], sleep=sleep)
+    pace.wait()
+    assert slept == []  # the first batch goes at once
+    pace.spent(100)
+    pace.wait()
+    assert now[0] == pytest.approx(1.0)  # 100 messages at 100/s: the next batch a second later
+    now[0] += 3600  # an idle hour
+    pace.wait()
+    pace.spent(100)
+    start = now[0]
+    pace.wait()
+    assert now[0] - start == pytest.approx(1.0), "an idle hour must not let a burst through"
+    assert rate_batch(1000, 200.0) == 200 and rate_batch(1000, 0.5) == 1 and rate_batch(50, 200.0) == 50
+
+
+def test_max_rate_caps_a_sync_and_is_checked_in_the_config(tmp_path: Path) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=1000,
+               extra='max_rate = "40/s"\n')
+    assert b.cli("init") == 0
+    b.insert(b.ready(120))
+    began = time.monotonic()
+    assert b.cli("sync", "--once") == 0
+    took = time.monotonic() - began
+    assert b.count("Orders") == 120
+    # 120 messages at 40/s: three batches of 40, the 2nd and 3rd a second after the one before
+    assert took >= 2.0, f"120 messages at 40/s took {took:.2f}s"
+    b.extra = 'max_rate = "fast"\n'
+    b.write_config()
+    r = qbridge(b, "sync", "--once")
+    assert r.returncode == 2 and "'fast' is not a rate" in r.stderr, r.stderr
+    b.dispose()
+
+
+# -- back-pressure ----------------------------------------------------------------------------------
+class SlowEndpoint:
+    """An NServiceBus endpoint that takes `per_second` messages a second off its queue, as the
+    transport's receive does (oldest first, one row per transaction), and records the deepest
+    the queue got."""
+
+    def __init__(self, b: Bridge, table: str, per_second: float) -> None:
+        self.b, self.table, self.per_second = b, b._qualified(table), per_second
+        self.stopping = threading.Event()
+        self.deepest = 0
+        self.taken = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            with self.b.target.begin() as conn:
+                depth = conn.execute(sa.text(f"select count(*) from {self.table}")).scalar_one()
+                self.deepest = max(self.deepest, depth)
+                gone = conn.execute(sa.text(f"delete from {self.table} where seq = (select min(seq) from {self.table})")).rowcount
+                self.taken += gone
+            time.sleep(1 / self.per_second)
+
+    def __enter__(self) -> SlowEndpoint:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+@pytest.mark.slow
+def test_back_pressure_holds_the_job_while_the_endpoint_is_behind(pg_server: str, pg_schema: str, tmp_path: Path) -> None:
+    b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, schedule='every = "1s"',
+               batch_size=10, extra="max_target_depth = 40\nresume_depth_percent = 50\n")
+    assert b.cli("init") == 0
+    b.insert(b.ready(200))
+    proc, log = run(b, "--listen", "127.0.0.1:0")
+    try:
+        with SlowEndpoint(b, "Orders", per_second=40) as endpoint:
+            wait_for("the hold", lambda: log.has("held: Orders holds"), proc=proc)
+            s = status(b)["steering"]
+            assert s["held"] and s["held"].startswith("Orders holds") and s["held_since"]
+            wait_for("every message through the slow endpoint", lambda: endpoint.taken == 200, proc=proc, timeout=120)
+        # the queue never held more than its limit and the batch that crossed it
+        assert endpoint.deepest <= 40 + 10, f"the queue reached {endpoint.deepest} rows"
+        assert log.has("no longer held")
+        wait_for("the hold's end written", lambda: status(b)["steering"]["held"] is None)
+        assert status(b)["steering"]["held_seconds"] > 0
+    finally:
+        stop(proc, log)
+    assert b.cli("verify") == 0
+    b.dispose()

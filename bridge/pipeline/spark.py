@@ -11,6 +11,7 @@ then one in-process drain re-reads those gaps and picks up rows that arrived mea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -52,6 +53,7 @@ class WorkUnit:
     upto: Any = None
     keys: tuple[Any, ...] | None = None
     sliced: bool = False  # a scan source's slice: the keys sorted after `after`, up to `upto` (None: to the end)
+    rate: float | None = None  # this task's share of the job's max_rate (messages a second)
 
 
 @dataclass
@@ -148,6 +150,8 @@ def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None,
     if runner is None:
         runner = _RUNNERS[unit.job] = JobRunner(config, config.job(unit.job))
         gc_policy.for_batches()
+    if runner.pace.rate != unit.rate:
+        runner.set_rate(unit.rate)
     fence = (fences or {}).get(unit.job)
     runner.fence = None if fence is None else Fence(runner.state.jobs, unit.job, *fence)
     try:
@@ -261,6 +265,9 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots:
                                              f"job {runner.job.name} queue {queue}: planning", attempts=attempts)
             plans.append(plan)
             units.extend(queue_units)
+    rates = {r.job.name: r.configured.rate_per_second for r in runners}
+    # A job's max_rate shared out over the task slots, which may all run its units at once.
+    units = [dataclasses.replace(u, rate=rates[u.job] / slots) if rates[u.job] else u for u in units]
     log.info("planned %d units over %d queues (%d rows) in %.1fs", len(units), len(plans), sum(p.rows for p in plans),
              time.monotonic() - planning)
     return plans, units

@@ -208,3 +208,20 @@ def test_back_pressure_holds_the_job_while_the_endpoint_is_behind(pg_server: str
         stop(proc, log)
     assert b.cli("verify") == 0
     b.dispose()
+
+
+@pytest.mark.slow
+def test_migrate_shares_max_rate_over_its_task_slots(pg_server: str, pg_schema: str, tmp_path: Path) -> None:
+    b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, batch_size=1000,
+               extra='max_rate = "100/s"\n')
+    assert b.cli("init") == 0
+    b.insert(b.ready(400))
+    r = subprocess.run([sys.executable, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(b.config), "--master",
+                        "local[2]", "--unit-rows", "100"], cwd=b.tmp, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert b.count("Orders") == 400
+    [line] = [ln for ln in r.stderr.splitlines() if "Spark ran" in ln]
+    seconds = float(line.split(" units in ")[1].rstrip("s"))
+    # 4 units on 2 slots, each at 50/s in batches of 50: a unit takes a second at least, 2 rounds
+    assert seconds >= 1.8, f"400 messages at 100/s went through Spark in {seconds}s"
+    b.dispose()

@@ -28,7 +28,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
         upgrades = ((init.convert_ledger, "converted the ledger's {:,} entries to the (origin, source key) layout"),
                     (init.add_ledger_totals, "counted the ledger's {:,} entries into per-queue totals (qbridge_totals)"),
-                    (init.fold_ranges, "folded the ledger's {:,} NGinn entries into ranges (qbridge_ledger_ranges)"))
+                    (init.fold_ranges, "folded the ledger's {:,} NGinn entries into ranges (qbridge_ledger_ranges)"),
+                    (init.group_quarantine, "grouped {:,} quarantined messages by their reasons (qbridge quarantine groups)"))
         for upgrade, done in upgrades:
             n = upgrade(p, say)
             if n is not None:

@@ -93,11 +93,17 @@ def _parser() -> argparse.ArgumentParser:
     st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
     st.add_argument("--json", action="store_true", help="one JSON document on stdout")
     qa = cmd("quarantine", "list, show, replay or discard quarantined messages; history shows what was done to them")
-    qa.add_argument("action", choices=["list", "show", "replay", "discard", "history"],
-                    help="list: one line per message; show: everything kept of it; replay: decode and map the kept row "
-                         "again with the current config and deliver it once; discard: give it up, with --why; "
-                         "history: the audit trail of replays and discards")
+    qa.add_argument("action", choices=["list", "groups", "show", "replay", "discard", "history"],
+                    help="list: one line per message; groups: one line per failure group (its reason with ids, numbers, "
+                         "quoted values and times masked, per job and queue); show: everything kept of it; replay: decode "
+                         "and map the kept row again with the current config and deliver it once; discard: give it up, "
+                         "with --why; history: the audit trail of replays and discards")
     qa.add_argument("--id", nargs="+", dest="ids", metavar="ID", help="only these message ids (from `list`)")
+    qa.add_argument("--group", metavar="G", help="only this failure group (from `groups`)")
+    qa.add_argument("--queue", metavar="Q", help="only messages from this legacy queue")
+    qa.add_argument("--type", metavar="TEXT", help="only messages whose kept legacy row holds this text (a type name)")
+    qa.add_argument("--since", metavar="WHEN", help="only messages quarantined since then: a time (UTC unless it says "
+                    "otherwise) or how long ago (30m, 2h, 1d)")
     qa.add_argument("--all", action="store_true", help="every quarantined message (the default for list and history)")
     qa.add_argument("--why", metavar="TEXT", help="why (kept in the audit trail; say it for discard)")
     qa.add_argument("--by", metavar="NAME", help="who, for the audit trail (default: the login name)")

@@ -4,23 +4,58 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from bridge.commands.common import err, out, runners_of
 from bridge.errors import UsageError
+from bridge.ledger.state import QuarantineFilter
+from bridge.timefmt import naive_utc, parse_duration, utcnow
 
 NO_REASON = "(no reason given)"
+SUMMARY_ABOVE = 50  # results of replay/discard listed one by one up to this many, then summed up
+
+
+def selection(args: argparse.Namespace) -> QuarantineFilter:
+    """--group, --queue, --type and --since as one filter."""
+    since = None
+    if args.since:
+        since = parse_since(args.since)
+    return QuarantineFilter(group=args.group, queue=args.queue, mentions=args.type, since=since)
+
+
+def parse_since(text: str) -> datetime:
+    """--since: an ISO time (UTC unless it says otherwise) or a duration back from now ("2h")."""
+    try:
+        return naive_utc(utcnow()) - timedelta(seconds=parse_duration(text))
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--since {text!r}: give a time (2026-11-25T08:00, UTC unless it says otherwise) or how long "
+                         "ago (30m, 2h, 1d)") from None
+    return naive_utc(when if when.tzinfo else when.replace(tzinfo=UTC))
 
 
 def quarantine_command(args: argparse.Namespace) -> int:
-    if args.action in ("show", "replay", "discard") and not (args.ids or args.all):
-        raise UsageError(f"quarantine {args.action} needs --id ID... (see `qbridge quarantine list`) or --all")
-    if args.ids and args.all:
-        raise UsageError(f"quarantine {args.action}: give --id or --all, not both")
+    where = selection(args)
+    if args.action in ("show", "replay", "discard") and not (args.ids or args.all or where):
+        raise UsageError(f"quarantine {args.action} needs --id ID... (see `qbridge quarantine list`) or --all, or filters: "
+                         "--group G (see `qbridge quarantine groups`), --queue, --type, --since")
+    if args.ids and (args.all or where):
+        raise UsageError(f"quarantine {args.action}: give --id, or --all, or filters (--group, --queue, --type, --since), "
+                         "not --id with the others")
+    if args.action == "groups":
+        return _groups(args, where)
     if args.action == "discard" and not (args.why or "").strip():
         # The command line GUIDE.md promises works without --why; the audit trail says so.
         args.why = NO_REASON
@@ -37,7 +72,7 @@ def quarantine_command(args: argparse.Namespace) -> int:
     jobs = []
     for r in runners:
         with r.target_engine.connect() as conn:
-            rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show")
+            rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show", where=where or None)
         jobs.append({"job": r.job.name, "quarantined": rows})
     missing = _not_in_quarantine(args.ids, {row["message_id"] for j in jobs for row in j["quarantined"]})
     if args.raw:
@@ -93,18 +128,47 @@ def _quarantine_settle(args: argparse.Namespace) -> int:
 
     _, runners = runners_of(args)
     actor = (args.by or "").strip() or operator()
+    where = selection(args)
+    stop = threading.Event()
     results = []
-    for r in runners:
-        desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
-        results += desk.replay(args.ids) if args.action == "replay" else desk.discard(args.ids)
-    return _settled(args, actor, results)
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # the message in hand commits, then it stops
+    try:
+        for r in runners:
+            with r.target_engine.connect() as conn:
+                total = sum(g["count"] for g in r.state.failure_groups(conn, r.job.name, where)) if not args.ids else len(args.ids)
+            desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
+                task = progress.add_task(f"{args.action} {r.job.name}", total=max(total, 1))
+                act = desk.replay if args.action == "replay" else desk.discard
+                results += act(args.ids, where or None, on_each=lambda o, t=task: progress.advance(t), should_stop=stop.is_set)
+            if stop.is_set():
+                break
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if stop.is_set():
+        err.print(f"qbridge: stopped after {len(results):,} message(s); what was done stays done: run the same command "
+                  "again to go on with the rest", markup=False, highlight=False)
+    return _settled(args, actor, results, stopped=stop.is_set())
 
 
-def _settled(args: argparse.Namespace, actor: str, results: list) -> int:
-    """What replay or discard did, as a table or JSON; 1 if any failed or was not found."""
+def _settled(args: argparse.Namespace, actor: str, results: list, stopped: bool = False) -> int:
+    """What replay or discard did, as a table or JSON (a summary by outcome beyond SUMMARY_ABOVE
+    messages); 1 if any failed or was not found, 130 if it was stopped."""
     missing = _not_in_quarantine(args.ids, {o.message_id for o in results})
     if args.json:
-        sys.stdout.write(orjson.dumps({"actor": actor, "results": [o.as_dict() for o in results]}).decode() + "\n")
+        sys.stdout.write(orjson.dumps({"actor": actor, "stopped": stopped, "results": [o.as_dict() for o in results]}).decode() + "\n")
+    elif len(results) > SUMMARY_ABOVE:
+        t = Table(title=f"qbridge quarantine {args.action} (by {actor}): {len(results):,} messages")
+        for col in ("job", "queue", "did", "now", "messages"):
+            t.add_column(col, justify="right" if col == "messages" else "left")
+        for (job, queue, did, now), n in sorted(Counter((o.job, o.queue, o.action, o.outcome) for o in results).items()):
+            t.add_row(job, queue, did, now, f"{n:,}")
+        out.print(t)
+        failed = [o for o in results if o.action == "replay-failed"]
+        if failed:
+            out.print(f"{len(failed):,} failed again and stay quarantined; `qbridge quarantine groups` shows their reasons now",
+                      markup=False, highlight=False)
     else:
         t = Table(title=f"qbridge quarantine {args.action}{' (edited)' if args.edited else ''} (by {actor})")
         for col in ("job", "queue", "message id", "did", "now", "detail"):
@@ -113,7 +177,30 @@ def _settled(args: argparse.Namespace, actor: str, results: list) -> int:
             t.add_row(o.job, o.queue, o.message_id, o.action, o.outcome, o.detail)
         out.print(t)
     failed = [o for o in results if o.action == "replay-failed"]
+    if stopped:
+        return 130
     return 1 if failed or missing else 0
+
+
+def _groups(args: argparse.Namespace, where: QuarantineFilter) -> int:
+    """`quarantine groups`: the quarantine by failure group, largest first."""
+    _, runners = runners_of(args)
+    jobs = []
+    for r in runners:
+        with r.target_engine.connect() as conn:
+            jobs.append({"job": r.job.name, "groups": r.state.failure_groups(conn, r.job.name, where or None)})
+    if args.json:
+        sys.stdout.write(orjson.dumps({"jobs": jobs}).decode() + "\n")
+        return 0
+    t = Table(title="qbridge quarantine groups")
+    for col in ("group", "job/queue", "messages", "first seen (UTC)", "last seen (UTC)", "a reason"):
+        t.add_column(col, justify="right" if col == "messages" else "left")
+    for j in jobs:
+        for g in j["groups"]:
+            t.add_row(g["group"] or "(run init)", f"{j['job']}/{g['queue']}", f"{g['count']:,}", g["first_seen"][:19].replace("T", " "),
+                      g["last_seen"][:19].replace("T", " "), g["sample_reason"])
+    out.print(t)
+    return 0
 
 
 def _quarantine_history(args: argparse.Namespace) -> int:

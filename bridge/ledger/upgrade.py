@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from bridge.errors import TargetSchemaError
 from bridge.ledger.ranges import RANGES
 from bridge.model import message_id_for, queue_origin
-from bridge.ledger.state import LEDGER, LEDGER_COLUMNS, ledger_table
+from bridge.ledger.state import LEDGER, LEDGER_COLUMNS, QUARANTINE, ledger_table, state_tables
 from bridge.ledger.totals import TOTALS, Totals, totals_table
 
 NEW, OLD = LEDGER + "_new", LEDGER + "_old"
@@ -61,6 +61,41 @@ def without_ranges(conn: sa.Connection, schema: str | None) -> bool:
     return insp.has_table(LEDGER, schema=schema) and not insp.has_table(RANGES, schema=schema)
 
 
+def without_groups(conn: sa.Connection, schema: str | None) -> bool:
+    """Whether the quarantine table there exists without its failure-group column (bridge.ledger.failure_groups)."""
+    insp = sa.inspect(conn)
+    if not insp.has_table(QUARANTINE, schema=schema):
+        return False
+    return "grp" not in {c["name"].lower() for c in insp.get_columns(QUARANTINE, schema=schema)}
+
+
+def add_groups(engine: sa.Engine, schema: str | None, say: Callable[[str], None]) -> int | None:
+    """Adds the failure-group column to a quarantine table an earlier qbridge made and fills it,
+    1,000 rows a transaction (a run cut off goes on where it stopped); None: nothing to do.
+    Its index is added by `init` afterwards, as any index an existing table lacks."""
+    from bridge.ledger.failure_groups import group_of
+
+    q = state_tables(schema)["quarantine"]
+    with engine.begin() as conn:
+        if not sa.inspect(conn).has_table(QUARANTINE, schema=schema):
+            return None
+        if without_groups(conn, schema):
+            column = q.c.grp.type.compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE {conn.dialect.identifier_preparer.format_table(q)} ADD grp {column}"))
+    done = 0
+    while True:
+        with engine.begin() as conn:
+            rows = conn.execute(sa.select(q.c.message_id, q.c.job, q.c.queue, q.c.reason).where(q.c.grp.is_(None))
+                                .limit(1000)).all()
+            for mid, job, queue, reason in rows:
+                conn.execute(sa.update(q).where(q.c.message_id == mid).values(grp=group_of(job, queue, reason)))
+        done += len(rows)
+        if len(rows) < 1000:
+            break
+        say(f"grouped {done:,} quarantined messages ...")
+    return done or None
+
+
 def require_current(conn: sa.Connection, schema: str | None, connection: str) -> None:
     where = f"{schema}.{LEDGER}" if schema else LEDGER
     if earlier_layout(conn, schema):
@@ -76,6 +111,10 @@ def require_current(conn: sa.Connection, schema: str | None, connection: str) ->
             f"the ledger {where!r} in {connection!r} keeps every NGinn message as an entry (made by an earlier qbridge); "
             "stop every qbridge process using it and run `qbridge init -c CONFIG` once to fold them into ranges "
             "(qbridge_ledger_ranges; a fold cut off resumes on the next init)")
+    if without_groups(conn, schema):
+        raise TargetSchemaError(
+            f"the quarantine table beside {where!r} in {connection!r} has no failure groups (made by an earlier qbridge); "
+            "run `qbridge init -c CONFIG` once to add them (it groups the messages quarantined so far)")
 
 
 def totals_sql(dialect: sa.Dialect, schema: str | None) -> list[sa.Executable]:

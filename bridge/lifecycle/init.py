@@ -18,7 +18,7 @@ from bridge.config import Config, JobConfig
 from bridge.db import dialect_for, engine_for
 from bridge.errors import TargetSchemaError
 from bridge.ledger.giveback_marks import marks_table
-from bridge.ledger.upgrade import NEW, TOTALS_NEW, QueueOrigin, add_totals, conversion, convert, totals_sql
+from bridge.ledger.upgrade import NEW, TOTALS_NEW, QueueOrigin, add_groups, add_totals, conversion, convert, totals_sql
 from bridge.pipeline.loop import database_identity
 from bridge.ledger.ranges_upgrade import add_ranges
 from bridge.sources import source_class
@@ -154,6 +154,13 @@ def fold_ranges(p: TargetPlan, say: Callable[[str], None]) -> int | None:
     if not p.has_state:
         return None
     return add_ranges(engine_for(p.url), p.schema, p.origins, p.connection, say)
+
+
+def group_quarantine(p: TargetPlan, say: Callable[[str], None]) -> int | None:
+    """Adds failure groups to a quarantine table an earlier qbridge made (None: nothing to do)."""
+    if not p.has_state:
+        return None
+    return add_groups(engine_for(p.url), p.schema, say)
 
 
 def totals_upgrade_sql(p: TargetPlan) -> list[str]:

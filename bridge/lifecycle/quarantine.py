@@ -16,7 +16,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -26,12 +26,14 @@ from bridge import faults
 from bridge.db import unique_violation
 from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
-from bridge.ledger.state import State
+from bridge.ledger.failure_groups import group_of
+from bridge.ledger.state import QuarantineFilter, State
 from bridge.targets.base import Skipped
 from bridge.timefmt import UTC, naive_utc, utcnow
 from bridge.ledger.totals import counted
 
 log = logging.getLogger("qbridge.quarantine")
+PAGE = 500  # quarantined rows (with their raw rows) read at a time by replay and discard
 
 
 def operator() -> str:
@@ -76,11 +78,38 @@ class QuarantineDesk:
         self._origins: dict[str, int] = {}  # message id -> its ledger entry's origin, while it is settled
         self.state.audit.create(runner.target_engine, checkfirst=True)  # a database set up before the audit trail existed
 
-    def replay(self, ids: list[str] | None) -> list[Outcome]:
+    def replay(self, ids: list[str] | None, where: QuarantineFilter | None = None,
+               on_each: Callable[[Outcome], None] = lambda o: None, should_stop: Callable[[], bool] = lambda: False
+               ) -> list[Outcome]:
+        """Each message `ids` or `where` names, one target transaction each, a page of PAGE read
+        at a time; `should_stop` is asked between messages (a stopped replay is resumed by
+        running it again: what was replayed has left the quarantine)."""
+        return self._each(ids, where, self._replay_one, on_each, should_stop)
+
+    def _each(self, ids: list[str] | None, where: QuarantineFilter | None, act: Callable[[dict[str, Any]], Outcome],
+              on_each: Callable[[Outcome], None], should_stop: Callable[[], bool]) -> list[Outcome]:
         out = []
-        for q in self._rows(ids):
-            out.append(self._replay_one(q))
+        for page in self._pages(ids, where):
+            for q in page:
+                if should_stop():
+                    return out
+                out.append(act(q))
+                on_each(out[-1])
         return out
+
+    def _pages(self, ids: list[str] | None, where: QuarantineFilter | None) -> Iterator[list[dict[str, Any]]]:
+        """The rows picked, oldest first, PAGE at a time (keyset paging: a row that fails again
+        stays behind the cursor, and is not taken twice in one run)."""
+        after = None
+        while True:
+            with self.runner.target_engine.connect() as conn:
+                rows = self.state.quarantined(conn, self.runner.job.name, ids, where=where, after=after, limit=PAGE)
+            if rows:
+                yield rows
+            if len(rows) < PAGE:
+                return
+            last = rows[-1]
+            after = (naive_utc(datetime.fromisoformat(last["at"])), last["message_id"])
 
     def replay_edited(self, message_id: str, edited: dict[str, Any]) -> list[Outcome]:
         """Replays one message from an operator's edited copy of its raw row (ServicePulse's edit
@@ -103,19 +132,20 @@ class QuarantineDesk:
             out.append(self._replay_one({**q, "raw": edited, "kept_raw": kept, "edit": edit}))
         return out
 
-    def discard(self, ids: list[str] | None) -> list[Outcome]:
-        out = []
-        for q in self._rows(ids):
-            with self.runner.target_engine.connect() as tconn, tconn.begin():
-                if not self._still_quarantined(tconn, q):
-                    out.append(self._gone(q))
-                    continue
-                reason = f"discarded by {self.actor}: {self.why}"[:500]
-                self._settle(tconn, q, "discarded", "skipped", reason, target=None, ledger_reason=reason)
-            log.info("job=%s queue=%s message %s discarded by %s: %s", self.runner.job.name, q["queue"], q["message_id"],
-                     self.actor, self.why)
-            out.append(Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "discarded", "skipped", reason))
-        return out
+    def discard(self, ids: list[str] | None, where: QuarantineFilter | None = None,
+                on_each: Callable[[Outcome], None] = lambda o: None, should_stop: Callable[[], bool] = lambda: False
+                ) -> list[Outcome]:
+        return self._each(ids, where, self._discard_one, on_each, should_stop)
+
+    def _discard_one(self, q: dict[str, Any]) -> Outcome:
+        with self.runner.target_engine.connect() as tconn, tconn.begin():
+            if not self._still_quarantined(tconn, q):
+                return self._gone(q)
+            reason = f"discarded by {self.actor}: {self.why}"[:500]
+            self._settle(tconn, q, "discarded", "skipped", reason, target=None, ledger_reason=reason)
+        log.info("job=%s queue=%s message %s discarded by %s: %s", self.runner.job.name, q["queue"], q["message_id"],
+                 self.actor, self.why)
+        return Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "discarded", "skipped", reason)
 
     # -- one message -----------------------------------------------------------------------
     def _rows(self, ids: list[str] | None) -> list[dict[str, Any]]:
@@ -228,7 +258,8 @@ class QuarantineDesk:
 
     def _still_failing(self, tconn: sa.Connection, q: dict[str, Any], reason: str) -> None:
         s = self.state
-        tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]).values(reason=reason))
+        tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"])
+                      .values(reason=reason, grp=group_of(self.runner.job.name, q["queue"], reason)))
         tconn.execute(sa.update(s.ledger).where(self._entry(q)).values(reason=reason[:500]))
         self._audit(tconn, q, "replay-failed", "quarantined", reason)
 

@@ -13,6 +13,7 @@ import hmac
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from urllib.parse import parse_qs
 from typing import Any
@@ -89,6 +90,22 @@ class BridgeCollector(Collector):
         yield from (messages, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
 
 
+def not_ready(workers: list[WorkerView]) -> str | None:
+    """Why this process is not ready (None: it is): for each job it runs, it must hold the job's
+    lock (a standby is alive but not ready) and have finished a run lately (within three of its
+    schedule's intervals, at least a minute)."""
+    now = time.time()
+    for w in workers:
+        if w.stopped_reason:
+            continue  # stopped for good on an error: /metrics and the page say so; the others may run
+        if not w.lock.held:
+            return f"job {w.name}: not holding its lock (standing by, or not started yet)"
+        if w.last_success is None or now - w.last_success > w.allowance:
+            ago = "never" if w.last_success is None else f"{now - w.last_success:.0f}s ago"
+            return f"job {w.name}: last successful run {ago} (allowed {w.allowance:.0f}s)"
+    return None
+
+
 class _Quiet(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         log.debug("%s " + format, self.address_string(), *args)
@@ -105,7 +122,8 @@ class MetricsServer:
     A non-loopback address needs QBRIDGE_TOKEN, sent as `Authorization: Bearer <token>` or, from a
     browser, as `?token=<token>`."""
 
-    def __init__(self, listen: str, workers: list[WorkerView], title: str = "qbridge run") -> None:
+    def __init__(self, listen: str, workers: list[WorkerView], title: str = "qbridge run",
+                 alive: Callable[[], str | None] = lambda: None) -> None:
         host, port = parse_listen(listen)
         self.token = os.environ.get(TOKEN_ENV) or None
         if not is_loopback(host) and not self.token:
@@ -125,13 +143,18 @@ class MetricsServer:
         metrics = make_wsgi_app(self.registry)
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
+            path = environ.get("PATH_INFO")
+            if path in ("/healthz", "/readyz"):  # no token: they say ok or why not, nothing else
+                why = alive() if path == "/healthz" else (alive() or not_ready(workers))
+                start_response("503 Service Unavailable" if why else "200 OK",
+                               [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")])
+                return [(why or "ok").encode() + b"\n"]
             if not self._authorized(environ):
                 start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
                 return [b"a token is required\n"]
             if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
                 start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
                 return [b"read-only\n"]
-            path = environ.get("PATH_INFO")
             if path == "/metrics":
                 return metrics(environ, start_response)
             if path == "/":
@@ -143,7 +166,7 @@ class MetricsServer:
                 start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
                 return [body]
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"qbridge serves /, /status.json and /metrics\n"]
+            return [b"qbridge serves /, /status.json, /metrics, /healthz and /readyz\n"]
 
         try:
             self.server: WSGIServer = make_server(host, port, app, server_class=_ThreadingServer, handler_class=_Quiet)

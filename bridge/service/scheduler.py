@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -35,6 +35,7 @@ log = logging.getLogger("qbridge.run")
 
 DEFAULT_EVERY = "10s"  # a job without a schedule in `qbridge run`
 MAX_BACKOFF = 60.0
+HEALTH_STALL = 15.0  # seconds the main loop may go without a turn before /healthz says so
 PRUNE_LIMIT = 10_000  # ledger entries looked at per queue per pruning round of `qbridge run`
 
 
@@ -44,6 +45,21 @@ def trigger_for(job: JobConfig) -> BaseTrigger:
         return CronTrigger.from_crontab(schedule.cron, timezone=UTC)
     every = schedule.every if schedule is not None and schedule.every else DEFAULT_EVERY
     return IntervalTrigger(seconds=parse_duration(every), timezone=UTC)
+
+
+def readiness_allowance(job: JobConfig) -> float:
+    """How long after its last successful run a job still counts as ready: three of its
+    schedule's intervals (a cron's first two fire times apart), a minute at least."""
+    trigger = trigger_for(job)
+    if isinstance(trigger, IntervalTrigger):
+        interval = trigger.interval.total_seconds()
+    else:
+        first = trigger.get_next_fire_time(None, datetime.now(UTC))
+        second = trigger.get_next_fire_time(first, first) if first else None
+        if second == first and first is not None:
+            second = trigger.get_next_fire_time(first, first + timedelta(seconds=1))
+        interval = (second - first).total_seconds() if first and second else 3600.0
+    return max(60.0, 3 * interval)
 
 
 class JobWorker:
@@ -66,6 +82,7 @@ class JobWorker:
         self.last_error: str | None = None  # the first line of the last failure, until a run succeeds
         self.prune_at = 0.0  # when the ledger is next pruned (clock seconds)
         self.waiting: str | None = None  # why the job's last run stopped short: paused, or held
+        self.allowance = readiness_allowance(runner.job)
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
@@ -215,11 +232,19 @@ def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title
     `listen` (HOST:PORT) serves Prometheus metrics on /metrics and the status page on / meanwhile."""
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # qbridge logs its own line per batch
     scheduler = Scheduler(runners)
+    beat = [time.monotonic()]  # the main loop's last turn, for /healthz
+
+    def alive() -> str | None:
+        if not scheduler.scheduler.running:
+            return "the scheduler is not running"
+        quiet = time.monotonic() - beat[0]
+        return f"the main loop has not turned for {quiet:.0f}s" if quiet > HEALTH_STALL else None
+
     server = None
     if listen:
         from bridge.service.metrics import MetricsServer
 
-        server = MetricsServer(listen, scheduler.workers, title)
+        server = MetricsServer(listen, scheduler.workers, title, alive)
         server.start()
     wake = threading.Event()
 
@@ -231,6 +256,7 @@ def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title
     try:
         scheduler.start()
         while not wake.wait(1.0):
+            beat[0] = time.monotonic()
             if scheduler.all_stopped():
                 log.error("every job has stopped on an error; exiting")
                 scheduler.stop()

@@ -31,6 +31,7 @@ class WorkerView(Protocol):
     last_success: float | None  # epoch seconds of the last run without an error
     last_error: str | None
     retries: dict[str, int]  # failed runs retried, by error class
+    allowance: float  # seconds since the last successful run after which the job is not ready (/readyz)
 
     @property
     def lock(self) -> LockView: ...

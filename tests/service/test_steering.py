@@ -225,3 +225,52 @@ def test_migrate_shares_max_rate_over_its_task_slots(pg_server: str, pg_schema: 
     # 4 units on 2 slots, each at 50/s in batches of 50: a unit takes a second at least, 2 rounds
     assert seconds >= 1.8, f"400 messages at 100/s went through Spark in {seconds}s"
     b.dispose()
+
+
+# -- probes -----------------------------------------------------------------------------------------
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError) as e:  # not listening yet
+        return 0, str(e)
+
+
+@pytest.mark.slow
+def test_probes_say_alive_and_ready_for_the_holder_and_alive_only_for_the_standby(pg_server: str, pg_schema: str,
+                                                                                tmp_path: Path, monkeypatch) -> None:
+    from tests.service.test_metrics import _free_port, _scrape
+
+    b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, schedule='every = "1s"')
+    assert b.cli("init") == 0
+    ports = _free_port(), _free_port()
+    monkeypatch.setenv("QBRIDGE_TOKEN", "s3cret")  # the probes need none; the rest still does
+    first, first_log = run(b, "--listen", f"127.0.0.1:{ports[0]}")
+    wait_for("the first to run", lambda: _get(f"http://127.0.0.1:{ports[0]}/readyz")[0] == 200, proc=first)
+    second, second_log = run(b, "--listen", f"127.0.0.1:{ports[1]}")
+    try:
+        wait_for("the standby", lambda: second_log.has("standing by"), proc=second)
+        assert _get(f"http://127.0.0.1:{ports[0]}/healthz") == (200, "ok\n")
+        assert _get(f"http://127.0.0.1:{ports[1]}/healthz") == (200, "ok\n")
+        code, why = _get(f"http://127.0.0.1:{ports[1]}/readyz")
+        assert code == 503 and "not holding its lock" in why
+        assert _get(f"http://127.0.0.1:{ports[0]}/metrics")[0] == 401  # the token still guards the rest
+        assert qbridge(b, "pause", "--why", "probe check").returncode == 0
+        wait_for("the pause", lambda: first_log.has("is paused by"))
+        m = _scrape(f"http://127.0.0.1:{ports[0]}/metrics", token="s3cret")
+        assert [s.value for s in m["qbridge_job_paused"]] == [1.0]
+        assert [s.value for s in m["qbridge_job_held"]] == [0.0]
+        assert _get(f"http://127.0.0.1:{ports[0]}/readyz")[0] == 200, "a paused job still runs its (empty) ticks"
+        first.kill()
+        first.wait()
+        wait_for("the take-over", lambda: _get(f"http://127.0.0.1:{ports[1]}/readyz")[0] == 200, proc=second)
+    finally:
+        for proc, log in ((first, first_log), (second, second_log)):
+            if proc.poll() is None:
+                stop(proc, log)
+    b.dispose()

@@ -80,4 +80,4 @@ def cmd_run(args: argparse.Namespace) -> int:
         from bridge.listen import parse_listen
 
         parse_listen(listen)  # a bad address is a usage error before anything starts
-    return run_until_stopped(runners, listen, str(args.config))
+    return run_until_stopped(runners, listen, str(args.config), config_path=str(args.config), job=args.job)

@@ -33,6 +33,7 @@ HANDLERS: dict[str, str] = {
     "inspect": "bridge.commands.inspect:cmd_inspect",
     "pause": "bridge.commands.steering:cmd_pause",
     "resume": "bridge.commands.steering:cmd_resume",
+    "reload": "bridge.commands.reload:cmd_reload",
 }
 
 
@@ -123,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
                         "and kept in the audit trail)")
         ps.add_argument("--by", metavar="NAME", help="who, for the audit trail (default: the login name)")
         ps.add_argument("--json", action="store_true", help="the job's steering state after it, as one JSON document")
+    cmd("reload", "check the config, then have every `qbridge run` of it on this host re-read it and its mappings "
+                  "(SIGHUP): each job takes a valid change from its next batch; an invalid one is refused and the "
+                  "running config stays in force")
     ins = cmd("inspect", "decode legacy blobs saved to files and print what qbridge reads from them", config=False, job=False)
     ins.add_argument("kind", choices=sorted(INSPECTORS), help="what the file holds")
     ins.add_argument("files", nargs="+", metavar="FILE", help="the blob (several for biztalk-part: the fragments in order)")

@@ -83,6 +83,17 @@ class JobWorker:
         self.prune_at = 0.0  # when the ledger is next pruned (clock seconds)
         self.waiting: str | None = None  # why the job's last run stopped short: paused, or held
         self.allowance = readiness_allowance(runner.job)
+        self.pending: JobRunner | None = None  # built from a reloaded config, taken at the next tick
+
+    def _take(self, new: JobRunner) -> None:
+        old, self.pending = self.runner, None
+        new.on_batch = old.on_batch
+        if new.pace.rate == old.pace.rate:
+            new.pace.next_at = old.pace.next_at  # the rate holds across a reload
+        self.runner = new
+        self.checked = False  # its tables and mapping are checked again
+        self.stopped_reason = None  # a job stopped on a bad mapping runs again once it is fixed
+        self.allowance = readiness_allowance(new.job)
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
@@ -97,6 +108,8 @@ class JobWorker:
             if self.standing_by:
                 log.info("job=%s lock taken over; running", self.name)
                 self.standing_by = False
+            if self.pending is not None:  # a reloaded config: from this tick on
+                self._take(self.pending)
             self.runner.fence = self.lock.fence  # a new epoch whenever the lock was taken anew
             try:
                 self._run()
@@ -220,6 +233,51 @@ class Scheduler:
     def all_stopped(self) -> bool:
         return all(w.stopped_reason for w in self.workers)
 
+    def reload(self, path: str, job: str | None) -> bool:
+        """Re-reads the config and its mappings: each job's changes apply from its next batch (its
+        next tick takes a runner built from them). An invalid config is refused with its located
+        error, and the running one stays in force; so is a change that needs a restart (a job
+        added or removed, a job's target database moved: its lock and fence live there)."""
+        from bridge.config import load_config
+
+        try:
+            config = load_config(path)
+            fresh = {j.name: j for j in config.select(job)}
+        except BridgeError as e:
+            log.error("reload refused, the running config stays in force: %s", e)
+            return False
+        running = {w.name for w in self.workers}
+        if set(fresh) != running:
+            log.error("reload refused, the running config stays in force: jobs %s need a restart of qbridge run "
+                      "(a reload changes the jobs it runs, not which)",
+                      ", ".join(sorted(set(fresh) ^ running)))
+            return False
+        for w in self.workers:
+            old = w.runner
+            if config.connections[fresh[w.name].target.connection] != old.target_url:
+                log.error("reload refused, the running config stays in force: job %s's target moved (its lock and "
+                          "fence live there); restart qbridge run", w.name)
+                return False
+        built: dict[str, JobRunner] = {}
+        for w in self.workers:
+            try:
+                new = JobRunner(config, fresh[w.name])
+            except BridgeError as e:
+                log.error("reload refused, the running config stays in force: job %s: %s", w.name, e)
+                return False
+            if new.state.checkpoint.schema != w.runner.state.checkpoint.schema:
+                log.error("reload refused, the running config stays in force: job %s's state schema moved (its lock "
+                          "and fence live there); restart qbridge run", w.name)
+                return False
+            built[w.name] = new
+        for w in self.workers:
+            if w.stopped_reason:  # it ticks no more: it takes the new config now, and runs again
+                w._take(built[w.name])
+            else:
+                w.pending = built[w.name]
+            log.info("job=%s config reloaded: applies from its next batch", w.name)
+        return True
+
 
 def _describe(job: JobConfig) -> str:
     if job.schedule and job.schedule.cron:
@@ -227,9 +285,11 @@ def _describe(job: JobConfig) -> str:
     return f"every {job.schedule.every if job.schedule and job.schedule.every else DEFAULT_EVERY}"
 
 
-def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title: str = "qbridge run") -> int:
+def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title: str = "qbridge run",
+                      config_path: str | None = None, job: str | None = None) -> int:
     """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error.
-    `listen` (HOST:PORT) serves Prometheus metrics on /metrics and the status page on / meanwhile."""
+    `listen` (HOST:PORT) serves Prometheus metrics on /metrics and the status page on / meanwhile.
+    SIGHUP re-reads `config_path` (Scheduler.reload)."""
     logging.getLogger("apscheduler").setLevel(logging.WARNING)  # qbridge logs its own line per batch
     scheduler = Scheduler(runners)
     beat = [time.monotonic()]  # the main loop's last turn, for /healthz
@@ -253,10 +313,17 @@ def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title
         wake.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    hup = threading.Event()
+    if config_path is not None and hasattr(signal, "SIGHUP"):
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: hup.set())
     try:
         scheduler.start()
         while not wake.wait(1.0):
             beat[0] = time.monotonic()
+            if hup.is_set():  # here, not in the handler: a reload connects to databases
+                hup.clear()
+                log.info("SIGHUP received: reloading %s", config_path)
+                scheduler.reload(str(config_path), job)
             if scheduler.all_stopped():
                 log.error("every job has stopped on an error; exiting")
                 scheduler.stop()

@@ -274,3 +274,39 @@ def test_probes_say_alive_and_ready_for_the_holder_and_alive_only_for_the_standb
             if proc.poll() is None:
                 stop(proc, log)
     b.dispose()
+
+
+# -- reload -----------------------------------------------------------------------------------------
+def test_sighup_applies_a_valid_config_from_the_next_batch_and_refuses_a_broken_one(tmp_path: Path) -> None:
+    from helpers import MAPPING
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", schedule='every = "1s"')
+    assert b.cli("init") == 0
+    proc, log = run(b)
+    try:
+        b.insert(b.ready(3))
+        wait_for("the first rows", lambda: b.count("Orders") == 3, proc=proc)
+        # a broken mapping: refused with its located error, the running config stays in force
+        (b.tmp / "mapping.toml").write_text(MAPPING + "\n[routes\n")
+        r = qbridge(b, "reload")
+        assert r.returncode == 2 and "mapping.toml" in r.stderr, r.stderr  # `reload` checks before it signals
+        import os
+        import signal as sig
+
+        os.kill(proc.pid, sig.SIGHUP)  # as `kill -HUP` would, without the check
+        wait_for("the refusal", lambda: log.has("reload refused, the running config stays in force"), proc=proc)
+        assert any("mapping.toml" in line for line in log.lines if "reload refused" in line), str(log)
+        b.insert(b.ready(2, start=10))
+        wait_for("rows under the running config", lambda: b.count("Orders") == 5, proc=proc)
+        # a valid change: MQueue1 now goes to Sales, from the next batch
+        (b.tmp / "mapping.toml").write_text(MAPPING.replace('"MQueue1" = "Orders"', '"MQueue1" = "Sales"'))
+        r = qbridge(b, "reload")
+        assert r.returncode == 0 and f"pid {proc.pid}" in r.stdout, r.stdout + r.stderr
+        wait_for("the reload", lambda: log.has("config reloaded"), proc=proc)
+        b.insert(b.ready(4, start=20))
+        wait_for("rows under the new mapping", lambda: b.count("Sales") == 4, proc=proc)
+        assert b.count("Orders") == 5
+    finally:
+        assert stop(proc, log) == 0, str(log)
+    assert b.cli("verify") == 0
+    b.dispose()

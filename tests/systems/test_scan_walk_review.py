@@ -1,0 +1,82 @@
+"""Review of 88891a9 (scan passes take the oldest new keys) and a38ae8b (steering hooks in the
+pipeline): what a paused job's `migrate --even-if-paused` does on Spark's side."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge.commands.steering import unpaused
+from bridge.config import load_config
+from bridge.pipeline import spark, units
+from bridge.pipeline.spark import WorkUnit
+
+from tests.systems.test_openjms_source import make_jms
+
+
+def test_a_spark_unit_of_migrate_even_if_paused_runs_the_paused_job(request, tmp_path: Path, pg_server: str,
+                                                                     pg_schema: str, monkeypatch) -> None:
+    """`migrate --even-if-paused` lets the driver's runners through (`unpaused` sets
+    `even_if_paused` on them), but every Spark task builds its own JobRunner in `run_unit`
+    (`_RUNNERS`), whose `even_if_paused` is False: its first batch's `_wait_to_go` sees the pause
+    and waits for a resume that the operator, who asked to run anyway, will not give. The task
+    is run here as Spark runs it, in-process, on a fresh worker (`_RUNNERS` empty)."""
+    monkeypatch.setattr(units, "UNIT_POLL", 0.1)
+    monkeypatch.setattr(spark, "_RUNNERS", {})
+    for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, batch_size=10, queues=["orders"]):
+        for i in range(25):
+            j.queue_message(f"ID:p-{i}", accepted=1_141_916_400_000 + i)
+        assert j.cli("pause", "--why", "cutover rehearsal") == 0
+        config = load_config(j.config)
+        driver = unpaused([j.runner()], even_if_paused=True)  # what cmd_migrate does with --even-if-paused
+        assert [r.even_if_paused for r in driver] == [True] and driver[0].may_go() is None
+        unit = WorkUnit(index=0, job="job1", queue="orders", rows=25, sliced=True)
+        box: dict = {}
+        task = threading.Thread(target=lambda: box.setdefault("result", spark.run_unit(config, unit, None)), daemon=True)
+        task.start()
+        task.join(10)
+        hung = task.is_alive()
+        if hung:  # release the task so that no thread is left behind, then report
+            assert j.cli("resume") == 0
+            task.join(30)
+        assert not hung, ("a Spark unit of `migrate --even-if-paused` waited on the pause the operator overrode "
+                          "(delivered nothing in 10 s); only a `qbridge resume` let it go on")
+        assert j.count("Orders") == 25
+
+
+@pytest.mark.slow
+def test_migrate_even_if_paused_finishes_on_spark(request, tmp_path: Path, pg_server: str, pg_schema: str) -> None:
+    """The same through the command line on Spark `local[1]`: the command hangs (every task waits
+    in `Units._wait_to_go`) until someone resumes the job; with `--even-if-paused` it should move
+    the 25 handles and exit 0 while the job stays paused."""
+    for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, batch_size=10, queues=["orders"]):
+        for i in range(25):
+            j.queue_message(f"ID:s-{i}", accepted=1_141_916_400_000 + i)
+        assert j.cli("pause", "--why", "cutover rehearsal") == 0
+        proc = subprocess.Popen([sys.executable, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(j.config),
+                                 "--master", "local[1]", "--even-if-paused"], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and not any("this task waits" in ln for ln in lines):
+            time.sleep(0.5)
+        waited = [ln.strip() for ln in lines if "this task waits" in ln]
+        hung = proc.poll() is None
+        if hung:  # let it finish rather than kill it: the resume it is waiting for
+            assert j.cli("resume") == 0
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        reader.join(5)
+        assert not waited and not hung, f"`migrate --even-if-paused` hung on the pause: {waited[:1]}"
+        assert proc.returncode == 0, "".join(lines[-30:])
+        assert j.count("Orders") == 25

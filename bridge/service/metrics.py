@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 from typing import Any
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from bridge.errors import UsageError
 from bridge.listen import is_loopback, parse_listen
 from bridge.service.status_cache import StatusCache
+from bridge.service.page_actions import PageActions
 from bridge.service.statuspage import History, render
 from bridge.service.view import WorkerView
 
@@ -118,7 +119,8 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class MetricsServer:
-    """`/metrics`, `/` and `/status.json` on HOST:PORT in a daemon thread, read-only (GET and HEAD).
+    """`/metrics`, `/`, `/status.json`, `/healthz` and `/readyz` on HOST:PORT in a daemon thread; the
+    page's forms POST to `/actions/...` (bridge.service.page_actions), nothing else changes anything.
     A non-loopback address needs QBRIDGE_TOKEN, sent as `Authorization: Bearer <token>` or, from a
     browser, as `?token=<token>`."""
 
@@ -138,6 +140,7 @@ class MetricsServer:
         self.batch = Histogram("qbridge_batch_duration_seconds", "Seconds per committed batch", ["job"],
                                buckets=BATCH_BUCKETS, registry=self.registry)
         self.history = History()
+        self.actions = PageActions(workers)
         for w in workers:
             w.runner.on_batch = lambda stats, job=w.name: self._on_batch(job, stats)
         metrics = make_wsgi_app(self.registry)
@@ -152,13 +155,25 @@ class MetricsServer:
             if not self._authorized(environ):
                 start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
                 return [b"a token is required\n"]
-            if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            method = environ.get("REQUEST_METHOD", "GET")
+            token_query = self._token_query(environ)
+            if method == "POST" and path.startswith("/actions/"):
+                status_line, text = self.actions.handle(environ)
+                if status_line.startswith("303"):
+                    said = urlencode({"said": text})
+                    where = f"/{token_query}&{said}" if token_query else f"/?{said}"
+                    start_response(status_line, [("Location", where), ("Content-Type", "text/plain; charset=utf-8")])
+                else:
+                    start_response(status_line, [("Content-Type", "text/plain; charset=utf-8")])
+                return [text.encode() + b"\n"]
+            if method not in ("GET", "HEAD"):
                 start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
-                return [b"read-only\n"]
+                return [b"only the status page's forms post, to /actions/...\n"]
             if path == "/metrics":
                 return metrics(environ, start_response)
             if path == "/":
-                page = render(title, workers, self.history, self.books).encode()
+                said = (parse_qs(environ.get("QUERY_STRING", "")).get("said") or [None])[0]
+                page = render(title, workers, self.history, self.books, self.actions, token_query, said).encode()
                 start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")])
                 return [page]
             if path == "/status.json":
@@ -177,6 +192,11 @@ class MetricsServer:
     def _on_batch(self, job: str, stats: Any) -> None:
         self.batch.labels(job).observe(stats.seconds)
         self.history.batch(job, stats)
+
+    def _token_query(self, environ: dict[str, Any]) -> str:
+        """`?token=...` where the request carried the token so (a browser's), for the page's own links and forms."""
+        given = (parse_qs(environ.get("QUERY_STRING", "")).get("token") or [""])[0]
+        return f"?{urlencode({'token': given})}" if self.token and given else ""
 
     def _authorized(self, environ: dict[str, Any]) -> bool:
         if not self.token:

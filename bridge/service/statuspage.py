@@ -1,5 +1,6 @@
 """The status page `qbridge run --listen` serves on `/`: every job and queue, an hour of lag and
-throughput, and the quarantine with its reasons. Read-only, one self-contained HTML document
+throughput, and the quarantine with its reasons and groups; forms to pause and resume a job and to
+replay or discard a failure group (bridge.service.page_actions). One self-contained HTML document
 (no scripts, no fonts or libraries fetched from elsewhere), reloaded by the browser itself.
 
 The hour of history is kept in memory, per minute: it starts empty when `qbridge run` starts
@@ -16,10 +17,13 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.pipeline.stats import PassStats
 from bridge.service.view import WorkerView
+
+if TYPE_CHECKING:
+    from bridge.service.page_actions import PageActions
 from bridge.timefmt import UTC
 
 HOUR = 60  # minutes of history kept
@@ -83,7 +87,11 @@ def _lag(seconds: float | None) -> str:
 
 
 def chart(job: str, series: list[Minute]) -> str:
-    """An SVG of the hour: bars of messages delivered per minute, a line of the largest lag."""
+    """An SVG of the hour: bars of messages delivered per minute, a line of the largest lag; a
+    sentence instead of an empty frame when the job moved nothing and lagged nothing."""
+    if not any(m.delivered or m.lag for m in series):
+        return (f'<p class="idle" data-job="{_e(job)}">Idle: no messages moved and no lag in the last hour '
+                "(or since this process started).</p>")
     w, h, pad = 720, 180, 36
     inner_w, inner_h = w - 2 * pad, h - 2 * pad
     top_n = max([m.delivered for m in series] + [1])
@@ -129,13 +137,20 @@ svg.chart{background:#fbfcfd;border:1px solid #d5dae1;margin:.4em 0}
 rect.frame{fill:none;stroke:#d5dae1} rect.throughput{fill:#7aa7e0}
 polyline.lag{fill:none;stroke:#c2410c;stroke-width:2} circle.lag{fill:#c2410c}
 text.axis{font-size:11px;fill:#5a6472} text.lagaxis{fill:#c2410c}
+form.act{display:inline-flex;gap:.3em;margin:0 .3em 0 0} form.act input{font:inherit;padding:.1em .3em}
+p.idle{color:#5a6472;font-style:italic} p.said{background:#eef6ee;padding:.4em .6em;border:1px solid #cfe3cf}
 td.reason{max-width:48em;white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px}
 """
 
 
-def render(title: str, workers: list[WorkerView], history: History, books_of: Callable[[WorkerView], dict[str, Any]]) -> str:
-    """The whole page; `books_of` gives a job's `status()` (the listener's shared reading)."""
+def render(title: str, workers: list[WorkerView], history: History, books_of: Callable[[WorkerView], dict[str, Any]],
+           actions: PageActions | None = None, query: str = "", said: str | None = None) -> str:
+    """The whole page; `books_of` gives a job's `status()` (the listener's shared reading);
+    `actions` adds the forms that act (pause, resume, replay and discard a group), each posting
+    to `/actions/...` with `query` (the token, where one opened the page) and the CSRF token."""
     parts = []
+    overview: list[str] = []
+    groups_html: list[str] = []
     quarantine_rows: list[tuple[str, dict[str, Any]]] = []
     quarantine_total = 0
     for w in workers:
@@ -147,12 +162,18 @@ def render(title: str, workers: list[WorkerView], history: History, books_of: Ca
         except Exception as e:  # one database down must not take the page with it
             books, error = None, str(getattr(e, "orig", None) or e).splitlines()[0]
         history.lag(job, books["lag_seconds"] if books else None)
+        steering = books.get("steering") if books else None
         if w.stopped_reason:
             state = f"stopped: {w.stopped_reason}"
         elif w.failures:
             state = f"retrying after {w.failures} failed attempt(s): {w.last_error}"
+        elif steering and steering["paused"]:
+            state = f"paused by {steering['paused_by']} since {_iso(steering['paused_at'])}: {steering['why']}"
+        elif steering and steering["held"]:
+            state = f"held: {steering['held']}"
         else:
             state = "running"
+        overview.append(_overview_row(w, direction, state, books, steering, actions, query))
         parts.append(f'<h2 id="job-{_e(job)}">{_e(job)} <small>({_e(direction)}, {_e(w.runner.job.mode)})</small></h2>')
         parts.append(f'<div class="meta">state: <span class="{"bad" if w.stopped_reason or w.failures else "ok"}">'
                      f'<span class="state" data-job="{_e(job)}">{_e(state)}</span></span> · lock held by: <span class="lock" data-job="{_e(job)}">{_e(w.lock.holder())}</span>'
@@ -169,9 +190,23 @@ def render(title: str, workers: list[WorkerView], history: History, books_of: Ca
             rows = []
         quarantine_total += books["quarantined"] if books else len(rows)  # the ledger's count, as in the table above
         quarantine_rows += [(job, r) for r in rows]
+        try:
+            with w.runner.target_engine.connect() as conn:
+                groups_html += [_group_row(job, g, actions, query) for g in w.runner.state.failure_groups(conn, job)]
+        except Exception:  # noqa: BLE001 - the page shows what it can
+            pass
     quarantine_rows.sort(key=lambda jr: jr[1]["at"], reverse=True)
     parts.append(f'<h2 id="quarantine">Quarantine <small>({quarantine_total})</small></h2>')
+    if groups_html:
+        parts.append('<table class="groups"><tr><th>group</th><th>job/queue</th><th>messages</th><th>first seen</th>'
+                     f'<th>last seen</th><th>a reason</th>{"<th>act</th>" if actions else ""}</tr>{"".join(groups_html)}</table>')
+    if actions is not None and actions.lines():
+        parts.append('<ul class="operations">' + "".join(f"<li>{_e(line)}</li>" for line in actions.lines()) + "</ul>")
     parts.append(_quarantine_table(quarantine_rows[:QUARANTINE_SHOWN], quarantine_total))
+    head = ("<tr><th>job</th><th>direction</th><th>state</th><th>backlog</th><th>lag</th><th>delivered</th>"
+            f"<th>quarantined</th>{'<th>act</th>' if actions else ''}</tr>")
+    parts.insert(0, f'<table class="overview">{head}{"".join(overview)}</table>'
+                 + (f'<p class="said">{_e(said)}</p>' if said else ""))
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
@@ -195,6 +230,49 @@ def _when(epoch: float) -> str:
 
 COLUMNS = (("backlog", "backlog"), ("lag", "lag_seconds"), ("delivered", "delivered"), ("skipped", "skipped"),
            ("quarantined", "quarantined"), ("open gaps", "open_gaps"), ("last run", "last_run"))
+
+
+def _form(actions: PageActions, query: str, what: str, fields: dict[str, str], inputs: str, button: str) -> str:
+    hidden = "".join(f'<input type="hidden" name="{_e(k)}" value="{_e(v)}">' for k, v in
+                     {**fields, "csrf": actions.csrf()}.items())
+    return (f'<form method="post" action="/actions/{what}{_e(query)}" class="act {what}">{hidden}{inputs}'
+            f'<button type="submit">{_e(button)}</button></form>')
+
+
+_BY = '<input name="by" placeholder="your name" size="10" required>'
+
+
+def _overview_row(w: WorkerView, direction: str, state: str, books: dict[str, Any] | None, steering: dict | None,
+                  actions: PageActions | None, query: str) -> str:
+    def n(key: str) -> str:
+        value = books.get(key) if books else None
+        return "?" if value is None else (_lag(value) if key == "lag_seconds" else f"{value:,}")
+
+    act = ""
+    if actions is not None:
+        if steering and steering["paused"]:
+            act = _form(actions, query, "resume", {"job": w.name}, _BY, "resume")
+        else:
+            act = _form(actions, query, "pause", {"job": w.name},
+                        _BY + '<input name="why" placeholder="why" size="18" required>', "pause")
+        act = f"<td>{act}</td>"
+    bad = w.stopped_reason or w.failures or (steering and (steering["paused"] or steering["held"]))
+    return (f'<tr data-job="{_e(w.name)}"><td><a href="#job-{_e(w.name)}">{_e(w.name)}</a></td><td>{_e(direction)}</td>'
+            f'<td class="{"bad" if bad else "ok"}" data-field="state">{_e(state)}</td><td class="n">{n("backlog")}</td>'
+            f'<td class="n">{n("lag_seconds")}</td><td class="n">{n("rows_moved")}</td><td class="n">{n("quarantined")}</td>'
+            f"{act}</tr>")
+
+
+def _group_row(job: str, g: dict[str, Any], actions: PageActions | None, query: str) -> str:
+    act = ""
+    if actions is not None:
+        fields = {"job": job, "group": g["group"] or ""}
+        act = ("<td>" + _form(actions, query, "replay-group", fields, _BY, "replay")
+               + _form(actions, query, "discard-group", fields, _BY + '<input name="why" placeholder="why" size="14" required>',
+                       "discard") + "</td>")
+    return (f'<tr class="group" data-group="{_e(g["group"])}" data-job="{_e(job)}"><td><code>{_e(g["group"])}</code></td>'
+            f'<td>{_e(job)}/{_e(g["queue"])}</td><td class="n">{g["count"]:,}</td><td>{_e(_iso(g["first_seen"]))}</td>'
+            f'<td>{_e(_iso(g["last_seen"]))}</td><td class="reason">{_e(g["sample_reason"])}</td>{act}</tr>')
 
 
 def _queue_table(job: str, books: dict[str, Any]) -> str:

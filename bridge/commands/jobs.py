@@ -45,7 +45,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from bridge.pipeline.inprocess import run_inprocess
 
     _, runners = runners_of(args)
-    runners = unpaused(runners, args.even_if_paused)
+    runners = unpaused(runners, args.even_if_paused, args.retries)
     if not runners:
         return 0
     with holding(args, runners):
@@ -59,7 +59,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     config, runners = runners_of(args)
     if args.unit_rows is not None and args.unit_rows < 1:
         raise UsageError("--unit-rows must be at least 1")
-    runners = unpaused(runners, args.even_if_paused)
+    runners = unpaused(runners, args.even_if_paused, args.retries)
     if not runners:
         return 0
     master = args.master

@@ -56,12 +56,15 @@ def _say(args: argparse.Namespace, runner: JobRunner, line: str) -> None:
         out.print(line, markup=False, highlight=False)
 
 
-def unpaused(runners: list[JobRunner], even_if_paused: bool) -> list[JobRunner]:
+def unpaused(runners: list[JobRunner], even_if_paused: bool, attempts: int) -> list[JobRunner]:
     """The runners whose job is not paused, each paused one skipped with one line saying who
-    paused it, when and why; `even_if_paused` runs them all, and says so."""
+    paused it, when and why; `even_if_paused` runs them all, and says so. A database that does
+    not answer is waited for as every other step of `sync` and `migrate` does."""
+    from bridge.retry import with_backoff
+
     keep = []
     for r in runners:
-        steering = r.steering()
+        steering = with_backoff(r.steering, f"job {r.job.name}: reading whether it is paused", attempts=attempts)
         if steering.paused and not even_if_paused:
             log.warning("%s; skipped (`--even-if-paused` runs it anyway)", steering.paused_line())
             continue

@@ -211,10 +211,13 @@ class JobSetup:
 
     def steering(self) -> Steering:
         """Whether an operator paused the job, or back-pressure holds it (bridge.ledger.steering)."""
-        if not self.kept(self.state.steering.table):
-            return Steering(self.job.name)
-        with self.target_engine.connect() as tconn:
-            return self.state.steering.read(tconn, [self.job.name])[self.job.name]
+        try:
+            if not self.kept(self.state.steering.table):
+                return Steering(self.job.name)
+            with self.target_engine.connect() as tconn:
+                return self.state.steering.read(tconn, [self.job.name])[self.job.name]
+        except sa_exc.SQLAlchemyError as e:
+            raise describe(e, self.job.target.connection, self.target_url) from None
 
     def fenced(self, tconn: sa.Connection) -> None:
         """The last statement of every transaction that writes the job's books (bridge.ledger.fence)."""

@@ -69,7 +69,7 @@ def test_migrate_even_if_paused_finishes_on_spark(request, tmp_path: Path, pg_se
             hung = False
         except subprocess.TimeoutExpired:
             hung = True
-        resumed_ok = None
+        resumed_ok, before_resume = None, j.count("Orders")
         if hung:  # let it finish rather than kill it: the resume is what it waits for
             assert j.cli("resume") == 0
             try:
@@ -79,7 +79,7 @@ def test_migrate_even_if_paused_finishes_on_spark(request, tmp_path: Path, pg_se
                 proc.kill()
                 proc.wait()
         reader.join(5)
-        assert not hung, (f"`migrate --even-if-paused` delivered {j.count('Orders') if resumed_ok is None else 0} of 25 "
+        assert not hung, (f"`migrate --even-if-paused` delivered {before_resume} of 25 "
                           f"in 60 s and only ended after `qbridge resume` (then finished cleanly: {resumed_ok})")
         assert proc.returncode == 0, "".join(lines[-30:])
         assert j.count("Orders") == 25

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from bridge.model import message_ids
 from bridge.demo.samples import nginn_row
-from helpers import MAPPING, Bridge, kill_at
+from helpers import MAPPING, kill_at
 
 TABLES = ("Orders", "Orders.Delayed", "error", "audit")
 
@@ -139,7 +138,6 @@ def test_rows_a_concurrent_pass_delivered_and_has_not_consumed_yet_are_not_withd
     the rollback reads without locks) and so withdraws them owing nothing. The pass then
     consumes them (I -> X): withdrawn from NServiceBus, consumed in NGinn, forgotten by the
     ledger; the next pass reads `X` and skips them."""
-    import socket
 
     from bridge.ledger.joblock import identity
     from bridge.pipeline.loop import JobRunner

@@ -5,14 +5,12 @@ or without the page's form token, or without QBRIDGE_TOKEN, is refused."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from bridge.pipeline.steer import Pace, rate_batch
 from helpers import Bridge
-from tests.service.test_scheduler import Log, run, stop, wait_for
+from tests.service.test_scheduler import run, stop, wait_for
 
 
 def qbridge(b: Bridge, *args: str) -> subprocess.CompletedProcess[str]:

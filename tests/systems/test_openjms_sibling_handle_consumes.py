@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 import sqlalchemy as sa
 
 from bridge.demo.samples import openjms_message

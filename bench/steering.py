@@ -74,8 +74,9 @@ def rate(url: str, work: Path, n: int, max_rate: int) -> None:
 
 def pressure(url: str, work: Path, n: int, limit: int, endpoint_rate: int) -> None:
     cfg = setup(url, work, n, f'max_target_depth = {limit}\nschedule = {{ every = "1s" }}\n')
+    log = (work / "run.log").open("w+")  # a file, not a pipe: a pipe nobody reads fills and blocks the run
     proc = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(cfg)], cwd=work,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
     deepest, taken, stop = [0], [0], threading.Event()
 
     def endpoint() -> None:  # the transport's receive: oldest first, a row per transaction
@@ -104,13 +105,17 @@ def pressure(url: str, work: Path, n: int, limit: int, endpoint_rate: int) -> No
         for t in threads:
             t.join()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        log.seek(0)
+        err = log.read()
+        log.close()
     took = time.monotonic() - began
     status = json.loads(qbridge(work, cfg, "status", "--json").stdout)["jobs"][0]["steering"]
     holds = err.count("held: ")
+    batches = err.count(" rows=")
     print(f"pressure: {n:,} messages, max_target_depth {limit:,}, endpoint {endpoint_rate}/s: deepest the queue got "
           f"{deepest[0]:,} rows ({deepest[0] / limit:.3f} of the limit); the job was held {holds} times, "
-          f"{status['held_seconds']:.0f} s in all, of {took:.0f} s", flush=True)
+          f"{status['held_seconds']:.0f} s in all, of {took:.0f} s, in {batches:,} batches", flush=True)
 
 
 def replay(url: str, work: Path, n: int) -> None:

@@ -113,7 +113,7 @@ class JobSetup:
                 limit = job.depth_limit(queue)
                 if limit is not None:
                     limits[queue] = (self.tables.queue(queue), limit)
-        self.pressure = Pressure(self.target_engine, limits, job.resume_depth_percent)
+        self.pressure = Pressure(self.target_engine, limits, job.resume_depth_percent, job.batch_size)
         self.even_if_paused = False  # `sync`/`migrate --even-if-paused`
 
     def set_rate(self, rate: float | None) -> None:
@@ -121,7 +121,16 @@ class JobSetup:
         its share of the job's max_rate)."""
         self.pace = Pace(rate)
         base = self.configured
-        self.job = base.model_copy(update={"batch_size": rate_batch(base.batch_size, rate)}) if rate else base
+        self.rated = base.model_copy(update={"batch_size": rate_batch(base.batch_size, rate)}) if rate else base
+        self.job = self.rated
+
+    def size_batch(self, room: int | None) -> None:
+        """The next pass's batch: the rate's, cut to `room` rows (back-pressure's, Pressure.room).
+        Set between passes only: a pass reads its size once and keeps it."""
+        if room is None or room >= self.rated.batch_size:
+            self.job = self.rated
+        else:
+            self.job = self.rated.model_copy(update={"batch_size": room})
 
     def may_go(self) -> str | None:
         """None, or why the job's next batch must wait: an operator paused it, or a destination

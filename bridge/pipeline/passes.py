@@ -235,7 +235,11 @@ class Passes(Batch):
             self.pace.wait(should_stop)
             if should_stop():
                 return total
-            stats = self.run_pass(queue)
+            self.size_batch(self.pressure.room())
+            try:
+                stats = self.run_pass(queue)
+            finally:
+                self.size_batch(None)
             self.pace.spent(stats.read)
             self.passes_done += 1  # committed: with_backoff's count of progress
             total.add(stats)

@@ -139,9 +139,11 @@ def finish_queue(plan: QueuePlan, gaps: list[Gap]) -> None:
 _RUNNERS: dict[str, JobRunner] = {}
 
 
-def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None, str, str | None]] | None = None) -> tuple[int, PassStats, list[Gap]]:
+def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None, str, str | None]] | None = None,
+             even_if_paused: frozenset[str] = frozenset()) -> tuple[int, PassStats, list[Gap]]:
     """One task. Python workers are reused between tasks, so engines are built once per worker.
-    `fences`: job -> (epoch, holder, why unfenced) of the driver's job locks, which every batch checks."""
+    `fences`: job -> (epoch, holder, why unfenced) of the driver's job locks, which every batch
+    checks; `even_if_paused`: the jobs `migrate --even-if-paused` runs although paused."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -152,6 +154,7 @@ def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None,
         gc_policy.for_batches()
     if runner.pace.rate != unit.rate:
         runner.set_rate(unit.rate)
+    runner.even_if_paused = unit.job in even_if_paused
     fence = (fences or {}).get(unit.job)
     runner.fence = None if fence is None else Fence(runner.state.jobs, unit.job, *fence)
     try:
@@ -279,7 +282,8 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
     fences = {p.runner.job.name: (p.runner.fence.epoch, p.runner.fence.holder, p.runner.fence.missing)
               for p in plans if p.runner.fence is not None}
     stats = LedgerStats(plans)
-    results = _execute(config, sc, units, console, fences, stats.units_completed) if units else []
+    overridden = frozenset(p.runner.job.name for p in plans if p.runner.even_if_paused)
+    results = _execute(config, sc, units, console, fences, stats.units_completed, overridden) if units else []
     spark_seconds = time.monotonic() - started
     units_done()
     stats.refresh()  # the closing passes walk every scan key against the ledger the units filled
@@ -304,8 +308,11 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
         # Counted pass by pass: a retry after progress starts a new drain, whose total lacks the
         # passes of the attempts before it.
         tail = PassStats(plan.queue)
-        with_backoff(lambda r=plan.runner, q=plan.queue, t=tail: r.drain(q, t.add), f"job {name} queue {plan.queue}",
-                     attempts=attempts, progress=lambda r=plan.runner: r.passes_done)
+        drained = with_backoff(lambda r=plan.runner, q=plan.queue, t=tail: r.drain(q, t.add), f"job {name} queue {plan.queue}",
+                               attempts=attempts, progress=lambda r=plan.runner: r.passes_done)
+        if drained.waiting:  # paused or held after the units: what is left waits for the next sync or run
+            log.warning("queue %s not drained to the end: %s", plan.queue, drained.waiting)
+            tail.waiting = drained.waiting
         total.add(tail)
         total.gaps_open = tail.gaps_open
         totals.append(total)
@@ -332,14 +339,14 @@ class LedgerStats:
 
 
 def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,
-             fences: dict[str, tuple[int | None, str, str | None]],
-             on_progress: Any = lambda done: None) -> list[tuple[int, PassStats, list[Gap]]]:
+             fences: dict[str, tuple[int | None, str, str | None]], on_progress: Any = lambda done: None,
+             even_if_paused: frozenset[str] = frozenset()) -> list[tuple[int, PassStats, list[Gap]]]:
     """Runs the units as one Spark job, one partition each, with a progress bar over them;
     `fences`: job -> (epoch, holder, why unfenced), checked by every batch of the tasks;
     `on_progress(units completed)` on the driver every half second."""
     group = f"qbridge-{os.getpid()}-{time.time_ns()}"
     sc.setJobGroup(group, "qbridge migrate", interruptOnCancel=True)
-    rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u, fences))
+    rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u, fences, even_if_paused))
     box: dict[str, Any] = {}
 
     def collect() -> None:

@@ -50,19 +50,26 @@ def rate_batch(batch_size: int, rate: float | None) -> int:
 
 
 class Pressure:
-    """Back-pressure: holds the job while a destination queue holds more rows than its limit,
-    until every one is below `resume_percent` of its limit. A queue's depth is counted up to
+    """Back-pressure: holds the job while a destination queue holds its limit of rows (or so
+    nearly that less than a tenth of a batch fits), until every one is below `resume_percent` of
+    its limit; a pass's batch is cut to the room left. A queue's depth is counted up to
     twice its limit (`SELECT count(*) FROM (SELECT 1 ... LIMIT 2n+1)`): exact where it matters,
     never an estimate that could err on the unsafe side, and never more than 2n+1 rows read,
     however deep the queue is."""
 
-    def __init__(self, engine: sa.Engine, limits: dict[str, tuple[sa.Table, int]], resume_percent: int) -> None:
+    def __init__(self, engine: sa.Engine, limits: dict[str, tuple[sa.Table, int]], resume_percent: int,
+                 batch_size: int = 1000) -> None:
         self.engine = engine
         self.limits = limits  # queue -> (its table, the most rows it may hold)
         self.resume_percent = resume_percent
+        # Near its limit a queue holds the job too: batches cut to a sliver of room would trickle
+        # in one by one (a pass each) as the endpoint takes rows; held, it resumes with room for
+        # at least a tenth of a batch.
+        self.least_room = {q: max(1, min(batch_size, limit) // 10) for q, (_, limit) in limits.items()}
         self.held: str | None = None  # why the job is held now
         self.since: float | None = None  # monotonic time the hold began
         self.deepest: dict[str, int] = {}  # queue -> most rows seen (as counted: at most 2 limit + 1)
+        self.last: dict[str, int] = {}  # queue -> rows at the last look
 
     def depths(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -71,7 +78,16 @@ class Pressure:
                 capped = sa.select(sa.literal(1)).select_from(table).limit(2 * limit + 1).subquery()
                 out[queue] = int(conn.execute(sa.select(sa.func.count()).select_from(capped)).scalar_one())
                 self.deepest[queue] = max(self.deepest.get(queue, 0), out[queue])
+        self.last = out
         return out
+
+    def room(self) -> int | None:
+        """Rows the next batch may add before a destination queue passes its limit, as of the
+        last look (None: no limit): a pass cuts its batch to it, so that a queue ends at its
+        limit, not a batch beyond it. A batch's rows may all go to one queue, so the least room counts."""
+        if not self.limits or not self.last:
+            return None
+        return max(1, min(limit - self.last.get(q, 0) for q, (_, limit) in self.limits.items()))  # >= 1: not held
 
     def check(self) -> str | None:
         """Why the job is held now (None: it may go on); logs each change once."""
@@ -79,10 +95,14 @@ class Pressure:
             return None
         depths = self.depths()
         if self.held is None:
-            over = [(q, n, self.limits[q][1]) for q, n in depths.items() if n > self.limits[q][1]]
+            # At its limit already: a batch would pass it (Passes cut each batch to the room left).
+            over = [(q, n, self.limits[q][1]) for q, n in depths.items() if self.limits[q][1] - n < self.least_room[q]]
             if over:
                 q, n, limit = over[0]
-                self.held = f"{q} holds {n:,} > {limit:,}" if n <= 2 * limit else f"{q} holds over {2 * limit:,} > {limit:,}"
+                if n > 2 * limit:
+                    self.held = f"{q} holds over {2 * limit:,} > {limit:,}"
+                else:
+                    self.held = f"{q} holds {n:,} > {limit:,}" if n > limit else f"{q} holds {n:,} of {limit:,}"
                 self.since = time.monotonic()
                 log.info("held: %s (resuming below %d%%)", self.held, self.resume_percent)
         else:

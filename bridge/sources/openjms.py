@@ -175,7 +175,8 @@ class OpenJMSSource(ScanSource):
                                              h.c.messageid.in_(sorted({m for _, m in chunk})))
             for m in conn.execute(stmt).mappings():
                 key = self.key_of(m["messageid"], m["consumerid"])
-                if key in wanted:
+                if key in wanted:  # a pair of another chunk matches this chunk's two lists too: taken once
+                    wanted.discard(key)
                     rows.append(SourceRow(key=key, consumable=True, values={str(k): v for k, v in m.items()}))
         order = {k: i for i, k in enumerate(keys)}
         return sorted(rows, key=lambda r: order[r.key])

@@ -199,8 +199,8 @@ def test_back_pressure_holds_the_job_while_the_endpoint_is_behind(pg_server: str
             s = status(b)["steering"]
             assert s["held"] and s["held"].startswith("Orders holds") and s["held_since"]
             wait_for("every message through the slow endpoint", lambda: endpoint.taken == 200, proc=proc, timeout=120)
-        # the queue never held more than its limit and the batch that crossed it
-        assert endpoint.deepest <= 40 + 10, f"the queue reached {endpoint.deepest} rows"
+        # the queue never held more than its limit: each pass's batch is cut to the room left
+        assert endpoint.deepest <= 40, f"the queue reached {endpoint.deepest} rows"
         assert log.has("no longer held")
         wait_for("the hold's end written", lambda: status(b)["steering"]["held"] is None)
         assert status(b)["steering"]["held_seconds"] > 0

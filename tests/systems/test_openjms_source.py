@@ -311,3 +311,16 @@ def test_a_pass_takes_the_oldest_new_handles_first(request, tmp_path: Path, pg_s
             assert new == sorted(f"ID:m-{i}#100" for i in expected)
             taken += new
         assert j.count("Orders") == 8 and j.cli("verify") == 0
+
+
+def test_a_batch_of_topic_handles_reads_each_handle_once(jms: Jms) -> None:
+    """Chunks of 500 (consumer, message) pairs are looked up by a consumer list and a message list,
+    which match other chunks' pairs too: each handle is still taken once (the read count feeds
+    the throttle)."""
+    jms.store(lambda c, t: [openjms_message(c, t, f"ID:b-{i:03d}", TOPIC_ID, blob("text_simple.bin"), list(SUBSCRIBERS.values()))
+                            for i in range(350)])
+    source = jms.runner().sources["prices.eu"]
+    with jms.source.connect() as conn:
+        keys = list(source.iter_keys(conn))
+        rows = source.fetch_keys(conn, keys, False)
+    assert len(keys) == 700 and [r.key for r in rows] == keys

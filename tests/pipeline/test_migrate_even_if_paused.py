@@ -1,5 +1,5 @@
-"""Review of 88891a9 (scan passes take the oldest new keys) and a38ae8b (steering hooks in the
-pipeline): what a paused job's `migrate --even-if-paused` does on Spark's side."""
+"""`migrate --even-if-paused` on a paused job, on Spark's side: the tasks run it too (a review
+found them waiting for a resume the operator had overridden)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from tests.systems.test_openjms_source import make_jms
 def test_a_spark_unit_of_migrate_even_if_paused_runs_the_paused_job(request, tmp_path: Path, pg_server: str,
                                                                      pg_schema: str, monkeypatch) -> None:
     """`migrate --even-if-paused` lets the driver's runners through (`unpaused` sets
-    `even_if_paused` on them), but every Spark task builds its own JobRunner in `run_unit`
-    (`_RUNNERS`), whose `even_if_paused` is False: its first batch's `_wait_to_go` sees the pause
-    and waits for a resume that the operator, who asked to run anyway, will not give. The task
-    is run here as Spark runs it, in-process, on a fresh worker (`_RUNNERS` empty)."""
+    `even_if_paused` on them), and every Spark task builds its own JobRunner in `run_unit`
+    (`_RUNNERS`): the driver hands the overridden jobs to the tasks, or a task's first batch
+    would wait (`_wait_to_go`) for a resume the operator, who asked to run anyway, will not give.
+    The task is run here as Spark runs it, in-process, on a fresh worker (`_RUNNERS` empty)."""
     monkeypatch.setattr(units, "UNIT_POLL", 0.1)
     monkeypatch.setattr(spark, "_RUNNERS", {})
     for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, batch_size=10, queues=["orders"]):
@@ -33,11 +33,13 @@ def test_a_spark_unit_of_migrate_even_if_paused_runs_the_paused_job(request, tmp
             j.queue_message(f"ID:p-{i}", accepted=1_141_916_400_000 + i)
         assert j.cli("pause", "--why", "cutover rehearsal") == 0
         config = load_config(j.config)
-        driver = unpaused([j.runner()], even_if_paused=True)  # what cmd_migrate does with --even-if-paused
+        driver = unpaused([j.runner()], True, 1)  # what cmd_migrate does with --even-if-paused
         assert [r.even_if_paused for r in driver] == [True] and driver[0].may_go() is None
         unit = WorkUnit(index=0, job="job1", queue="orders", rows=25, sliced=True)
         box: dict = {}
-        task = threading.Thread(target=lambda: box.setdefault("result", spark.run_unit(config, unit, None)), daemon=True)
+        overridden = frozenset(r.job.name for r in driver if r.even_if_paused)  # as spark._run hands them on
+        task = threading.Thread(target=lambda: box.setdefault("result", spark.run_unit(config, unit, None, overridden)),
+                                daemon=True)
         task.start()
         task.join(10)
         hung = task.is_alive()

@@ -13,6 +13,7 @@ from sqlalchemy import exc as sa_exc
 
 from bridge.commands.common import err, out
 from bridge.commands.jobs import LOCK_WAIT
+from bridge.commands.logs import configure, log_format
 from bridge.errors import BridgeError
 from bridge.lifecycle.blob_inspect import INSPECTORS
 
@@ -40,6 +41,8 @@ HANDLERS: dict[str, str] = {
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qbridge", description="Moves legacy queue messages into NServiceBus SQL-transport tables, exactly once.")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log lines on stderr (default WARNING; sync and run use INFO)")
+    p.add_argument("--log-format", choices=["text", "json"], help="text (the default, for a terminal) or json: one JSON object "
+                   "a line with time, level, logger, job, queue, trace and span ids, message (also QBRIDGE_LOG_FORMAT)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def cmd(name: str, help_: str, config: bool = True, job: bool = True) -> argparse.ArgumentParser:
@@ -140,10 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = args.log_level
     if args.command in ("sync", "migrate", "run") and level == "WARNING":
         level = "INFO"
-    logging.basicConfig(level=getattr(logging, level), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     module, _, name = HANDLERS[args.command].partition(":")
     try:
+        configure(level, log_format(args.log_format))
         handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
         return handler(args)
     except BridgeError as e:

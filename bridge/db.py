@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -200,3 +201,20 @@ def describe(error: BaseException, name: str, url: str) -> BridgeError:
     if driver_not_installed(error):
         return DriverMissing(f"{text}; install {install_hint(url)}")
     return RetryableError(text) if is_retryable(error) else BridgeError(text)
+
+
+def analyze(engine: sa.Engine, table: sa.Table) -> None:
+    """Has PostgreSQL sample `table` for its planner again (a fixed sample, ~30,000 rows, however
+    big the table). Without statistics (autovacuum off, or not round yet after a bulk load) its
+    planner took a lookup of 10,000 ledger keys for a scan of every entry of the queue through
+    the (origin, at) index: 0.3 s a chunk at 2M entries, 0.03 s once sampled. Elsewhere nothing:
+    InnoDB samples on its own after 10% changed; SQLite's planner needs no sample for a primary key."""
+    if engine.dialect.name != "postgresql":
+        return
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"ANALYZE {conn.dialect.identifier_preparer.format_table(table)}"))
+    except sa.exc.SQLAlchemyError as e:  # not the owner, say: lookups are slower, nothing is wrong
+        logging.getLogger("qbridge.db").warning(
+            "could not refresh the planner statistics of %s (%s); lookups may be slow until autovacuum does", table.name,
+            str(getattr(e, "orig", e)).strip().splitlines()[0])

@@ -7,7 +7,6 @@ moved checkpoint commit in one transaction (GUIDE guarantee 1).
 from __future__ import annotations
 
 import heapq
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,12 +20,13 @@ from sqlalchemy import exc as sa_exc
 from bridge.ledger.failure_groups import GROUP_LENGTH, group_of
 from bridge.ledger.fence import jobs_table
 from bridge.ledger.inflight import Inflight, inflight_table
+from bridge.ledger import quarantine_rows
+from bridge.ledger.quarantine_rows import QuarantineFilter
 from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
 from bridge.model import LEDGER_KEY_MAX, pending_key
 from bridge.ledger.gaps import Gap
 
-log = logging.getLogger("qbridge.ledger")
 from bridge.targets.bulk import insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
 from bridge.ledger.totals import Totals, batch_counts, totals_table
@@ -133,32 +133,6 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
             "steering": steering_table(schema, md), "steering_audit": steering_audit_table(schema, md)}
 
 
-@dataclass(frozen=True)
-class QuarantineFilter:
-    """Which quarantined messages an operator means: a failure group, a legacy queue, a type
-    (matched against the kept legacy row), quarantined since a time."""
-
-    group: str | None = None
-    queue: str | None = None
-    mentions: str | None = None  # text the kept raw row holds (`--type`)
-    since: datetime | None = None  # naive UTC
-
-    def clauses(self, q: sa.Table) -> list[sa.ColumnElement[bool]]:
-        out = []
-        if self.group:
-            out.append(q.c.grp == self.group)
-        if self.queue:
-            out.append(q.c.queue == self.queue)
-        if self.mentions:
-            out.append(q.c.raw.contains(self.mentions, autoescape=True))
-        if self.since is not None:
-            out.append(q.c.at >= self.since)
-        return out
-
-    def __bool__(self) -> bool:
-        return any(v is not None for v in (self.group, self.queue, self.mentions, self.since))
-
-
 @dataclass
 class Checkpoint:
     job: str
@@ -216,20 +190,6 @@ class State:
     def all_tables(self) -> list[sa.Table]:
         return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table,
                 self.givebacks, self.inflight.table, self.jobs, self.steering.table, self.steering.audit]
-
-    def refresh_stats(self, engine: sa.Engine) -> None:
-        """Has PostgreSQL sample the ledger again. Without statistics (autovacuum off, or not yet
-        round after a bulk load) its planner took a lookup of 10,000 keys for a scan of every
-        entry of the queue through the (origin, at) index: 0.3 s a chunk at 2M entries, 0.03 s
-        once sampled. ANALYZE reads a fixed sample (~30,000 rows), whatever the ledger holds."""
-        if engine.dialect.name != "postgresql":
-            return  # InnoDB samples on its own after 10% changed; SQLite's planner needs no sample for a primary key
-        try:
-            with engine.begin() as conn:
-                conn.execute(sa.text(f"ANALYZE {conn.dialect.identifier_preparer.format_table(self.ledger)}"))
-        except sa_exc.SQLAlchemyError as e:  # not the owner, say: lookups are slower, nothing is wrong
-            log.warning("could not refresh the ledger's planner statistics (%s); lookups may be slow until autovacuum "
-                        "does", str(getattr(e, "orig", e)).strip().splitlines()[0])
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:
@@ -418,42 +378,10 @@ class State:
                 last = key
                 yield key, outcome
 
-    def quarantined(self, conn: sa.Connection, job: str, ids: Sequence[str] | None = None, raw: bool = True,
-                    newest: int | None = None, where: QuarantineFilter | None = None,
-                    after: tuple[datetime, str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        """A job's quarantined rows (all, or these message ids, or those `where` picks), oldest
-        first, raw rows parsed; `raw=False` leaves the raw rows in the database, `newest=N` takes
-        the N newest, newest first; `after` (at, message id) and `limit` page through them."""
-        q = self.quarantine
-        order = (q.c.at, q.c.message_id)
-        stmt = sa.select(*(c for c in q.c if raw or c.name != "raw")).where(q.c.job == job)
-        if ids is not None:
-            stmt = stmt.where(q.c.message_id.in_(list(ids)))
-        if where is not None:
-            stmt = stmt.where(*where.clauses(q))
-        if after is not None:
-            stmt = stmt.where(sa.or_(q.c.at > after[0], sa.and_(q.c.at == after[0], q.c.message_id > after[1])))
-        stmt = stmt.order_by(*order) if newest is None else stmt.order_by(*(c.desc() for c in order)).limit(newest)
-        if limit is not None:
-            stmt = stmt.limit(limit)
-        out = []
-        for r in conn.execute(stmt).mappings():
-            row = {str(k): v for k, v in r.items()}
-            if raw:
-                row["raw"] = orjson.loads(row["raw"])
-            row["at"] = row["at"].replace(tzinfo=UTC).isoformat()
-            out.append(row)
-        return out
+    def quarantined(self, conn: sa.Connection, job: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        """A job's quarantined rows (bridge.ledger.quarantine_rows.quarantined)."""
+        return quarantine_rows.quarantined(self.quarantine, conn, job, *args, **kwargs)
 
     def failure_groups(self, conn: sa.Connection, job: str, where: QuarantineFilter | None = None) -> list[dict[str, Any]]:
-        """A job's quarantine by failure group, largest first: queue, count, first and last seen,
-        and one message's reason as the sample."""
-        q = self.quarantine
-        stmt = (sa.select(q.c.grp, q.c.queue, sa.func.count().label("count"), sa.func.min(q.c.at).label("first"),
-                          sa.func.max(q.c.at).label("last"), sa.func.min(q.c.reason).label("sample"))
-                .where(q.c.job == job).group_by(q.c.grp, q.c.queue).order_by(sa.func.count().desc(), q.c.grp))
-        if where is not None:
-            stmt = stmt.where(*where.clauses(q))
-        return [{"group": r.grp, "queue": r.queue, "count": int(r.count),
-                 "first_seen": r.first.replace(tzinfo=UTC).isoformat(), "last_seen": r.last.replace(tzinfo=UTC).isoformat(),
-                 "sample_reason": r.sample} for r in conn.execute(stmt)]
+        """A job's quarantine by failure group (bridge.ledger.quarantine_rows.failure_groups)."""
+        return quarantine_rows.failure_groups(self.quarantine, conn, job, where)

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, tracing
 
 from bridge.ledger import giveback
 from bridge.pipeline.batch import Batch
@@ -31,6 +31,12 @@ class Passes(Batch):
     """The passes of JobRunner (`sync --once`, `qbridge run`, the end of `migrate`)."""
 
     def run_pass(self, queue: str) -> PassStats:
+        with tracing.span("qbridge.batch", job=self.job.name, queue=queue, mode=self.job.mode) as s:
+            stats = self._run_pass(queue)
+            tracing.counts(s, stats)
+            return stats
+
+    def _run_pass(self, queue: str) -> PassStats:
         self._prepare(queue)
         move = self.job.mode == "move"
         if move:
@@ -225,6 +231,14 @@ class Passes(Batch):
     def drain(self, queue: str, on_pass=None, should_stop=lambda: False, before_pass=lambda: None) -> PassStats:
         """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
         runs before each (`qbridge run` checks there that it still holds the job)."""
+        with tracing.span("qbridge.drain", job=self.job.name, queue=queue) as s:
+            total = self._drain(queue, on_pass, should_stop, before_pass)
+            tracing.counts(s, total)
+            if total.waiting:
+                s.set_attribute("qbridge.waiting", total.waiting)
+            return total
+
+    def _drain(self, queue: str, on_pass, should_stop, before_pass) -> PassStats:
         total = PassStats(queue)
         while True:
             before_pass()

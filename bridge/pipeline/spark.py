@@ -24,7 +24,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from bridge import faults
+from bridge import faults, tracing
+from bridge.pipeline.planner_stats import LedgerStats
 from bridge.config import Config
 from bridge.errors import BridgeError, LockLost, MigrationFailed
 from bridge.ledger.fence import Fence
@@ -54,6 +55,7 @@ class WorkUnit:
     keys: tuple[Any, ...] | None = None
     sliced: bool = False  # a scan source's slice: the keys sorted after `after`, up to `upto` (None: to the end)
     rate: float | None = None  # this task's share of the job's max_rate (messages a second)
+    trace: str | None = None  # the driver's span as a `traceparent`: the task's span is its child
 
 
 @dataclass
@@ -158,13 +160,17 @@ def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None,
     fence = (fences or {}).get(unit.job)
     runner.fence = None if fence is None else Fence(runner.state.jobs, unit.job, *fence)
     try:
-        if unit.sliced:
-            result: RangeResult = runner.run_slice(unit.queue, unit.after, unit.upto)
-        elif unit.keys is not None:
-            result = runner.run_keys(unit.queue, list(unit.keys))
-        else:
-            assert unit.upto is not None
-            result = runner.run_range(unit.queue, unit.after, unit.upto)
+        with tracing.span("qbridge.unit", parent=unit.trace, job=unit.job, queue=unit.queue, unit=unit.index,
+                          attempt=faults.attempt) as s:
+            if unit.sliced:
+                result: RangeResult = runner.run_slice(unit.queue, unit.after, unit.upto)
+            elif unit.keys is not None:
+                result = runner.run_keys(unit.queue, list(unit.keys))
+            else:
+                assert unit.upto is not None
+                result = runner.run_range(unit.queue, unit.after, unit.upto)
+            tracing.counts(s, result.stats)
+        tracing.flush()  # a Python worker may be stopped before the SDK's thread sends them
     except Exception as e:
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()
         what = f"keys {unit.keys[0]}..{unit.keys[-1]}" if unit.keys else f"{'slice' if unit.sliced else 'ids'} {unit.after}..{unit.upto}"
@@ -283,6 +289,9 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
               for p in plans if p.runner.fence is not None}
     stats = LedgerStats(plans)
     overridden = frozenset(p.runner.job.name for p in plans if p.runner.even_if_paused)
+    parent = tracing.traceparent()
+    if parent:
+        units = [dataclasses.replace(u, trace=parent) for u in units]
     results = _execute(config, sc, units, console, fences, stats.units_completed, overridden) if units else []
     spark_seconds = time.monotonic() - started
     units_done()
@@ -317,25 +326,6 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
         total.gaps_open = tail.gaps_open
         totals.append(total)
     return totals
-
-
-class LedgerStats:
-    """Keeps the target databases' planner statistics of the ledger up with what the units
-    write: refreshed each time the completed units double (1, 2, 4, ...), so a ledger filled
-    from empty is sampled a logarithmic number of times, each a fixed-size sample."""
-
-    def __init__(self, plans: list[QueuePlan]) -> None:
-        self.runners = list({id(p.runner.target_engine): p.runner for p in plans}.values())
-        self.next_at = 1
-
-    def units_completed(self, done: int) -> None:
-        if done >= self.next_at:
-            self.next_at = 2 * max(done, self.next_at)
-            self.refresh()
-
-    def refresh(self) -> None:
-        for runner in self.runners:
-            runner.state.refresh_stats(runner.target_engine)
 
 
 def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,

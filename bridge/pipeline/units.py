@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, tracing
 from bridge.errors import TargetSchemaError
 from bridge.pipeline.job import LedgerConflict
 from bridge.ledger.gaps import Gap, holes
@@ -98,6 +98,10 @@ class Units(Passes):
 
     def _batch_tx(self, source: Source, fetch, total: PassStats) -> list[SourceRow]:
         """One batch in the two transactions of a pass; `total` is only added to once it commits."""
+        with tracing.span("qbridge.batch", job=self.job.name, queue=source.queue, mode=self.job.mode) as s:
+            return self._unit_batch(source, fetch, total, s)
+
+    def _unit_batch(self, source: Source, fetch, total: PassStats, span: object) -> list[SourceRow]:
         lock = self.job.mode == "move"
         self._wait_to_go()
         stats = PassStats(source.queue)
@@ -146,6 +150,7 @@ class Units(Passes):
         stats.seconds = time.monotonic() - started
         self.pace.spent(len(rows))
         self._log(stats)
+        tracing.counts(span, stats)
         total.add(stats)
         return rows
 

@@ -1,0 +1,91 @@
+"""OpenTelemetry spans (issue 39): a drain and each batch, with their numbers, to an in-memory
+exporter; nothing of OpenTelemetry loaded when no exporter is configured; log lines carry the
+trace and span ids of the span they were written under."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge import tracing
+from helpers import Bridge
+
+
+@pytest.fixture()
+def spans():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use(provider)
+    yield exporter
+    tracing.use(None)
+    tracing._state["checked"] = False
+
+
+def test_a_sync_traces_its_drain_and_each_batch(tmp_path: Path, spans) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=4)
+    assert b.cli("init") == 0
+    rows = b.ready(10)
+    rows[3]["msg_text"] = "{not json"
+    b.insert(rows)
+    assert b.cli("sync", "--once") == 0
+    done = spans.get_finished_spans()
+    drains = [s for s in done if s.name == "qbridge.drain"]
+    batches = [s for s in done if s.name == "qbridge.batch"]
+    assert len(drains) == 1 and len(batches) == 3  # 4 + 4 + 2 rows
+    [drain] = drains
+    assert drain.attributes["qbridge.job"] == "job1" and drain.attributes["qbridge.queue"] == "MQueue1"
+    assert drain.attributes["qbridge.read"] == 10 and drain.attributes["qbridge.delivered"] == 9
+    assert drain.attributes["qbridge.quarantined"] == 1
+    for s in batches:  # children of the drain, in its trace
+        assert s.parent is not None and s.parent.span_id == drain.context.span_id
+        assert s.context.trace_id == drain.context.trace_id
+    assert sum(s.attributes["qbridge.delivered"] for s in batches) == 9
+    b.dispose()
+
+
+def test_a_log_line_under_a_span_carries_its_ids(spans) -> None:
+    from bridge.commands.logs import JsonFormatter
+
+    with tracing.span("qbridge.batch", job="j") as s:
+        record = logging.LogRecord("qbridge.batch", logging.INFO, __file__, 1, "job=j queue=q rows=1", (), None)
+        line = json.loads(JsonFormatter().format(record))
+        assert tracing.traceparent() == f"00-{line['trace_id']}-{line['span_id']}-01"
+    assert line["trace_id"] == f"{s.get_span_context().trace_id:032x}"
+
+
+def test_the_traceparent_is_what_nservicebus_parses(spans) -> None:
+    """NServiceBus reads `traceparent` with .NET's ActivityContext.TryParse (W3C): version 00,
+    32 and 16 lowercase hex digits, not all zero, two hex digits of flags."""
+    import re
+
+    with tracing.span("qbridge.batch"):
+        parent = tracing.traceparent()
+    assert parent is not None
+    m = re.fullmatch(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})", parent)
+    assert m and m.group(1) != "0" * 32 and m.group(2) != "0" * 16
+    assert tracing.traceparent() is None  # no span is current outside
+
+
+def test_without_an_exporter_opentelemetry_is_never_loaded(tmp_path: Path) -> None:
+    code = ("import sys\nfrom bridge import tracing\n"
+            "with tracing.span('qbridge.batch', job='j') as s:\n    s.set_attribute('x', 1)\n"
+            "assert tracing.traceparent() is None\n"
+            "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'loaded'\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    env["OTEL_TRACES_EXPORTER"] = "none"
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:1"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr

@@ -147,6 +147,9 @@ class JobConfig(BaseModel):
     # the job writes, or a table of queue -> number with "*" for the others.
     max_target_depth: int | dict[str, int] | None = None
     resume_depth_percent: int = Field(default=80, ge=1, le=100)
+    # Each migrated message carries the W3C traceparent of the batch that wrote it (issue 39);
+    # None: when tracing is on (an OTEL_* exporter configured). false keeps headers as they were.
+    trace_messages: bool | None = None
 
     @field_validator("name")
     @classmethod

@@ -25,7 +25,7 @@ from bridge.errors import BadRow
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.envelope import Outgoing, envelope
 
-VOLATILE = frozenset({"NServiceBus.TimeOfFailure"})
+VOLATILE = frozenset({"NServiceBus.TimeOfFailure", "traceparent"})  # the time it failed; the batch span that wrote it
 BATCH = 500
 
 

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from bridge.ledger import giveback
+from bridge import tracing
 from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for
 from bridge.errors import RetryableError, TargetSchemaError
@@ -67,6 +68,10 @@ class JobSetup:
             assert job.source.flavor is not None
             self.tables = transport_tables(job.source.flavor, job.source.schema_name, self.source_url, job.source.catalog)
         self.writer = TargetWriter(self.tables)
+        traced = tracing.configured() if job.trace_messages is None else job.trace_messages
+        for writer in (self.writer, getattr(self.target, "writer", None)):  # the forward target's writes its queues
+            if isinstance(writer, TargetWriter):
+                writer.trace_messages = traced
         self.state = State(self.target.state_schema)
         self.database = database_identity(job, self.source_url)
         cls = source_class(job.source.system)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from bridge import tracing
 from bridge.codecs.nservicebus import headers_json
 from bridge.errors import TargetSchemaError
 from bridge.model import row_ids
@@ -17,6 +18,8 @@ from bridge.targets.bulk import copies, copy_arrow, insert_values
 from bridge.targets.envelope import Outgoing
 from bridge.schemas.nservicebus import TargetTables
 from bridge.timefmt import naive_utc
+
+TRACEPARENT = "traceparent"  # NServiceBus's Headers.DiagnosticsTraceParent
 
 if TYPE_CHECKING:  # the columnar lane's types: Arrow is imported when a lane batch is written
     import pyarrow as pa
@@ -30,6 +33,12 @@ class TargetWriter:
     def __init__(self, tables: TargetTables) -> None:
         self.tables = tables
         self._checked: dict[str, set[str]] = {}
+        # Each message gets the W3C `traceparent` of the batch span writing it (issue 39), the
+        # header NServiceBus's receive makes its span a child of; one the message has kept.
+        self.trace_messages = False
+
+    def _traceparent(self) -> str | None:
+        return tracing.traceparent() if self.trace_messages else None
 
     def _columns(self, conn: sa.Connection, table: sa.Table) -> set[str]:
         key = table.fullname
@@ -50,9 +59,14 @@ class TargetWriter:
         groups: dict[tuple[str, str], list[Outgoing]] = defaultdict(list)
         for out in outs:
             groups[(out.kind, out.queue)].append(out)  # type: ignore[union-attr]
+        parent = self._traceparent()
         for (kind, queue), items in groups.items():
             table, have = self.table(conn, kind, queue)
-            names, rows = self._rows(kind, [headers_json(o.headers) for o in items], [o.body for o in items],
+            texts = [headers_json(o.headers) for o in items]
+            if parent:
+                suffix = f',"{TRACEPARENT}":"{parent}"}}'
+                texts = [t if TRACEPARENT in o.headers else t[:-1] + suffix for t, o in zip(texts, items)]
+            names, rows = self._rows(kind, texts, [o.body for o in items],
                                      [naive_utc(o.expires) for o in items], [o.due for o in items], have)
             insert_values(conn, table, names, rows)
 
@@ -88,6 +102,7 @@ class TargetWriter:
         import pyarrow as pa
 
         utc, naive = pa.timestamp("us", "UTC"), pa.timestamp("us")
+        parent = self._traceparent()
         parts: dict[tuple[str, str], list[TableColumns]] = {}
         for t in batch.tables:
             parts.setdefault((t.kind, t.queue), []).append(t)
@@ -103,6 +118,12 @@ class TargetWriter:
                                        + [pa.array([naive_utc(o.expires) for _, o in rows], naive)])
             dues = pa.concat_arrays([t.due if t.due is not None else pa.nulls(len(t.positions), utc) for t in lane]
                                     + [pa.array([o.due for _, o in rows], utc)])
+            if parent:  # the same header, added to the JSON text column by column
+                import pyarrow.compute as pc
+
+                traced = pc.binary_join_element_wise(pc.utf8_slice_codeunits(headers, 0, -1),
+                                                     pa.scalar(f',"{TRACEPARENT}":"{parent}"}}'), "")
+                headers = pc.if_else(pc.match_substring(headers, f'"{TRACEPARENT}":'), headers, traced)
             order = pa.array(np.argsort(positions, kind="stable"))
             self._write_columns(conn, kind, queue, headers.take(order), bodies.take(order), expires.take(order), dues.take(order))
 

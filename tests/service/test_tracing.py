@@ -89,3 +89,48 @@ def test_without_an_exporter_opentelemetry_is_never_loaded(tmp_path: Path) -> No
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:1"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+def _batch_spans(spans) -> dict[int, object]:
+    return {s.context.span_id: s for s in spans.get_finished_spans() if s.name == "qbridge.batch"}
+
+
+def test_each_message_carries_the_traceparent_of_the_batch_that_wrote_it(tmp_path: Path, spans) -> None:
+    """Both lanes: a batch of 100 rows (the columnar lane's) and batches of 5 (the per-row
+    lanes'); a legacy message with a traceparent of its own keeps it."""
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=200,
+               extra="trace_messages = true\n")
+    assert b.cli("init") == 0
+    own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    rows = b.ready(100)
+    rows[5]["msg_headers"] = f"Tenant=acme|traceparent={own}"
+    b.insert(rows)
+    assert b.cli("sync", "--once") == 0
+    b.batch_size = 5
+    b.write_config()
+    b.insert(b.ready(12, start=500))
+    assert b.cli("sync", "--once") == 0
+    batches = _batch_spans(spans)
+    seen_batches = set()
+    for row in b.rows("Orders"):
+        parent = row["headers"]["traceparent"]
+        if parent == own:
+            continue
+        _, trace_id, span_id, flags = parent.split("-")
+        span = batches[int(span_id, 16)]
+        assert f"{span.context.trace_id:032x}" == trace_id and flags == "01"
+        seen_batches.add(span.context.span_id)
+    assert sum(1 for r in b.rows("Orders") if r["headers"]["traceparent"] == own) == 1
+    assert len(seen_batches) == 1 + 3  # the lane's batch, then 5 + 5 + 2
+    assert b.cli("verify", "--deep") == 0
+    b.dispose()
+
+
+def test_trace_messages_false_keeps_headers_as_they_were(tmp_path: Path, spans) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", extra="trace_messages = false\n")
+    assert b.cli("init") == 0
+    b.insert(b.ready(3))
+    assert b.cli("sync", "--once") == 0
+    assert all("traceparent" not in r["headers"] for r in b.rows("Orders"))
+    assert _batch_spans(spans)  # spans all the same
+    b.dispose()

@@ -12,7 +12,8 @@ of the SDK; `flush()` at the end of a command sends what is left.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -133,3 +134,27 @@ def flush() -> None:
     provider = _state["provider"]
     if provider is not None:
         provider.force_flush()
+
+
+_TRACEPARENT = re.compile(r'"traceparent"\s*:\s*"(00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})"')
+
+
+def link_messages(header_texts: Iterable[str]) -> None:
+    """Links the current span to the traces the messages arrived with (their `traceparent`, in
+    NServiceBus header JSON): a reverse job's batch span points at each sender's span. The SDK
+    keeps at most OTEL_SPAN_LINK_COUNT_LIMIT links a span (128)."""
+    if _state["tracer"] is None:
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    current = trace.get_current_span()
+    seen = set()
+    for text in header_texts:
+        m = _TRACEPARENT.search(text or "")
+        if m is None or m.group(1) in seen:
+            continue
+        seen.add(m.group(1))
+        _, trace_id, span_id, flags = m.group(1).split("-")
+        if int(trace_id, 16) and int(span_id, 16):
+            current.add_link(SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))))

@@ -5,6 +5,8 @@ the subscribers up in SubscriptionRouting. Headers are set as NServiceBus core s
 
 from __future__ import annotations
 
+import os
+
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -88,6 +90,11 @@ class Endpoint:
         h = self.headers(types, "Reply", conversation=incoming["NServiceBus.ConversationId"],
                          correlation=incoming.get("NServiceBus.CorrelationId") or incoming["NServiceBus.MessageId"],
                          **{"NServiceBus.RelatedTo": incoming["NServiceBus.MessageId"]})
+        if "traceparent" in incoming:
+            # With OpenTelemetry on, the receive span is a child of the incoming traceparent and the
+            # reply's send span is in that trace: the reply carries it with a span id of its own.
+            _, trace_id, _, flags = incoming["traceparent"].split("-")
+            h["traceparent"] = f"00-{trace_id}-{os.urandom(8).hex()}-{flags}"
         self.send(incoming["NServiceBus.ReplyToAddress"], h, body)
         return h
 

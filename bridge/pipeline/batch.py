@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from bridge import tracing
 from bridge.db import unique_violation
 from bridge.errors import BadRow
 from bridge.ledger.ranges import AlreadyRecorded
@@ -35,6 +36,8 @@ class Batch(JobSetup):
         """Decodes, maps and writes `rows` with their ledger entries in the caller's target
         transaction; returns the keys move mode may consume once it commits."""
         self.target.begin_batch(tconn)
+        if self.job.reverse:  # the batch span points at the spans that sent these messages
+            tracing.link_messages(r.values.get("headers") for r in rows)
         mapped = time.perf_counter()
         if takes_columns(self, source):
             outs, entries, quarantined, consume = process_columns(self, tconn, source, rows, lock, stats, known)

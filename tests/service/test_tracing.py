@@ -15,6 +15,8 @@ import pytest
 
 from bridge import tracing
 from helpers import Bridge
+from tests.systems.test_reverse_nginn import TwoWay  # noqa: F401 - the two_way fixture's class
+from tests.systems.test_reverse_nginn import two_way  # noqa: F401 - a pytest fixture
 
 
 @pytest.fixture()
@@ -134,3 +136,33 @@ def test_trace_messages_false_keeps_headers_as_they_were(tmp_path: Path, spans) 
     assert all("traceparent" not in r["headers"] for r in b.rows("Orders"))
     assert _batch_spans(spans)  # spans all the same
     b.dispose()
+
+
+@pytest.mark.postgres
+def test_a_trace_goes_nginn_to_nservicebus_and_back_to_nginn(two_way, spans) -> None:
+    """The request's traceparent is the forward batch's span; the endpoint's reply carries the
+    same trace; the reverse job writes it into the NGinn row's headers, and its batch span links
+    to the reply's span."""
+    from datetime import datetime
+
+    from bridge.demo.samples import nginn_row
+
+    tw = two_way()
+    (tw.tmp / "bridge.toml").write_text((tw.tmp / "bridge.toml").read_text().replace('mode = "move"', 'mode = "move"\ntrace_messages = true'))
+    with tw.engine.begin() as conn:
+        conn.execute(tw.orders.insert().values(nginn_row("Orders", 7, tw.now_local(), headers="_NG-ReplyTo=sql://db/Sender")))
+    assert tw.cli("sync", "--once", "--job", "from-legacy") == 0
+    request, _ = tw.endpoint.receive()
+    forward = _batch_spans(spans)
+    _, trace_id, span_id, _ = request["traceparent"].split("-")
+    assert int(span_id, 16) in forward
+    reply = tw.endpoint.reply(request, "Orders.Messages.OrderAccepted, Orders.Messages", b'{"OrderId":7}')
+    assert tw.cli("sync", "--once", "--job", "to-legacy") == 0
+    got = tw.nginn_receive(tw.sender)
+    assert got["headers"]["traceparent"] == reply["traceparent"]  # NGinn's row keeps the trace
+    reverse = [s for s in _batch_spans(spans).values() if s.attributes.get("qbridge.job") == "to-legacy"
+               and s.attributes.get("qbridge.read")]
+    [batch] = reverse
+    assert [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in batch.links] == \
+        [(trace_id, reply["traceparent"].split("-")[2])]
+    assert tw.cli("verify") == 0

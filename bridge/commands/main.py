@@ -158,6 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("qbridge: interrupted")
         return 130
+    finally:
+        from bridge import tracing
+
+        tracing.flush()  # the spans the SDK's thread has not sent yet
 
 
 def _label(e: BridgeError) -> str:

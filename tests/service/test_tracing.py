@@ -166,3 +166,60 @@ def test_a_trace_goes_nginn_to_nservicebus_and_back_to_nginn(two_way, spans) -> 
     assert [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in batch.links] == \
         [(trace_id, reply["traceparent"].split("-")[2])]
     assert tw.cli("verify") == 0
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP receiver: POST /v1/traces, protobuf ExportTraceServiceRequest, decoded with
+    the OpenTelemetry protocol's own classes."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.spans: list = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource in request.resource_spans:
+                    service = {a.key: a.value.string_value for a in resource.resource.attributes}.get("service.name")
+                    for scope in resource.scope_spans:
+                        receiver.spans += [(service, s) for s in scope.spans]
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_sync_exports_its_spans_to_a_real_otlp_http_receiver(tmp_path: Path) -> None:
+    receiver = OtlpReceiver()
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=5)
+    assert b.cli("init") == 0
+    b.insert(b.ready(12))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+           "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "qbridge-test"}
+    r = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(b.config)], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    receiver.server.shutdown()
+    names = [s.name for _, s in receiver.spans]
+    assert names.count("qbridge.batch") == 3 and names.count("qbridge.drain") == 1
+    assert {service for service, _ in receiver.spans} == {"qbridge-test"}
+    batch = next(s for _, s in receiver.spans if s.name == "qbridge.batch")
+    attrs = {a.key: (a.value.string_value or a.value.int_value) for a in batch.attributes}
+    assert attrs["qbridge.job"] == "job1" and attrs["qbridge.queue"] == "MQueue1" and attrs["qbridge.delivered"] == 5
+    # on by default once tracing is: each message names the batch span that wrote it
+    ids = {s.span_id.hex() for _, s in receiver.spans if s.name == "qbridge.batch"}
+    assert {row["headers"]["traceparent"].split("-")[2] for row in b.rows("Orders")} == ids
+    b.dispose()

@@ -49,6 +49,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import psycopg
@@ -385,7 +386,7 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
     subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
-ENGINES = "abcdefg"
+ENGINES = "abcdefgt"
 
 
 def seed_queue(url: str, n: int, seed: str = SEED) -> None:
@@ -418,6 +419,34 @@ def run_size(url: str, n: int, work: Path, engines: str, repeat: int = 1) -> dic
     return results
 
 
+SINK: dict[str, Any] = {"url": None, "spans": 0}
+
+
+def otlp_sink() -> str:
+    """An OTLP/HTTP receiver that counts the spans it is sent and keeps nothing (for (t))."""
+    if SINK["url"] is None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Sink(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+                SINK["spans"] += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        SINK["url"] = f"http://127.0.0.1:{server.server_address[1]}"
+    return SINK["url"]
+
+
 def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float, int, int]]:
     moved = n - n // 10  # processed rows are skipped by the mapping
     ready = sum(1 for g in range(1, n + 1) if g % 10 < 7)
@@ -430,6 +459,9 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         ("e", DLT, [py, me, "--dlt", url]),
         ("a", TGT, [py, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
         ("g", REF, [py, me, "--own-rows", url]),  # reads what (a) wrote: after (a), before (b) replaces it
+        # (t): (a) with tracing on, spans sent over OTLP/HTTP to a sink in this process (issue 39)
+        ("t", TGT, ["env", f"OTEL_EXPORTER_OTLP_ENDPOINT={otlp_sink()}", "OTEL_BSP_MAX_QUEUE_SIZE=65536",
+                    py, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
         ("b", TGT, [py, "-m", "bridge", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
     ):
         if name not in engines:
@@ -459,6 +491,9 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         results[name] = (seconds, peak, got)
         print(f"  ({name}) {seconds:7.1f} s  {got / seconds:9,.0f} rows/s  peak RSS {peak / 2**20:6.0f} MiB  "
               f"{cpu_line(seconds, cpu)}", flush=True)
+        if name == "t":
+            print(f"      tracing on: {SINK['spans']:,} spans received; t/a time {seconds / results['a'][0]:.3f}"
+                  if "a" in results else f"      tracing on: {SINK['spans']:,} spans received", flush=True)
         if name == "a":
             for line in err.splitlines():
                 if "where the time went" in line:
@@ -477,12 +512,12 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
 def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
     print()
     names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt", "f": "(f) floor",
-             "g": "(g) own rows"}
+             "g": "(g) own rows", "t": "(t) traced"}
     present = [k for k in ENGINES if all(k in r for r in table.values())]
     head = f"{'N':>10} " + " ".join(f"{names[k]:>12}" for k in present)
     ratios = [("a/d time", "a", "d"), ("a/f time", "a", "f"), ("f/d time", "f", "d"), ("a/g time", "a", "g"),
               ("g/d time", "g", "d"), ("a/c rate", "a", "c"),
-              ("a/e rate", "a", "e")]
+              ("a/e rate", "a", "e"), ("t/a time", "t", "a")]
     ratios = [r for r in ratios if r[1] in present and r[2] in present]
     head += "".join(f" {r[0]:>9}" for r in ratios) + "".join(f" {'RSS ' + k:>8}" for k in present)
     print(head + "   (rows/s; RSS in MiB)")
@@ -514,7 +549,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[500_000, 1_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
-    p.add_argument("--engines", default="adfgce", help="which of a, b, c, d, e, f, g to run (default a, c, d, e, f, g)")
+    p.add_argument("--engines", default="adfgce", help="which of a, b, c, d, e, f, g, t to run (default a, c, d, e, f, g; "
+                   "t: (a) with tracing on, to an OTLP/HTTP sink)")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="run every engine R times per N, alternating, and report medians (for a noisy machine)")
     p.add_argument("--floor", metavar="URL", help=argparse.SUPPRESS)

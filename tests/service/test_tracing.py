@@ -143,7 +143,6 @@ def test_a_trace_goes_nginn_to_nservicebus_and_back_to_nginn(two_way, spans) -> 
     """The request's traceparent is the forward batch's span; the endpoint's reply carries the
     same trace; the reverse job writes it into the NGinn row's headers, and its batch span links
     to the reply's span."""
-    from datetime import datetime
 
     from bridge.demo.samples import nginn_row
 

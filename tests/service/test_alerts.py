@@ -1,0 +1,187 @@
+"""Alerts that reach a person (issue 39), with the real parts: Debian's Prometheus scrapes a real
+`qbridge run` with the shipped rules (docs/prometheus/alerts.yml), Debian's Alertmanager routes
+what fires to a webhook this test serves, and each condition is provoked until its
+notification arrives, then undone until its resolution arrives.
+
+The rules' expressions are the shipped ones; only their durations and thresholds are scaled
+down (minutes to seconds), so that the test takes about two minutes rather than hours."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.parse
+import urllib.request
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from conftest import IN_CI
+from helpers import Bridge
+from tests.service.test_metrics import _free_port
+from tests.service.test_scheduler import Log, stop, wait_for
+
+RULES = Path(__file__).parents[2] / "docs" / "prometheus" / "alerts.yml"
+SCALED = {"for": {"5m": "2s", "1m": "2s", "30m": "2s", "4h": "2s", "2m": "2s"},
+          "expr": {"> 60": "> 5", "[15m]": "[20s]", "> 900": "> 6"}}
+
+
+def _binaries() -> tuple[str, str]:
+    prometheus, alertmanager = shutil.which("prometheus"), shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if not (prometheus and alertmanager):
+        message = "the alert test needs Debian's prometheus and prometheus-alertmanager (run `bash .ci/run`)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return prometheus, alertmanager
+
+
+class Webhook:
+    """Alertmanager's webhook receiver: every notification, as (status, alert name)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                for alert in body["alerts"]:
+                    hook.seen.append((alert["status"], alert["labels"]["alertname"]))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def has(self, status: str, name: str) -> bool:
+        return (status, name) in self.seen
+
+
+def scaled_rules(path: Path) -> None:
+    doc = yaml.safe_load(RULES.read_text())
+    for rule in doc["groups"][0]["rules"]:
+        if "for" in rule:
+            rule["for"] = SCALED["for"][rule["for"]]
+        for old, new in SCALED["expr"].items():
+            rule["expr"] = rule["expr"].replace(old, new)
+    path.write_text(yaml.safe_dump(doc))
+
+
+@pytest.mark.slow
+def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None:
+    prometheus, alertmanager = _binaries()
+    hook = Webhook()
+    qport, pport, aport = _free_port(), _free_port(), _free_port()
+    scaled_rules(tmp_path / "rules.yml")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp_path / "rules.yml")],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{aport}"]}]}]},
+        "scrape_configs": [{"job_name": "qbridge", "static_configs": [{"targets": [f"127.0.0.1:{qport}"]}]}],
+    }))
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump({
+        "route": {"receiver": "hook", "group_by": ["alertname"], "group_wait": "1s", "group_interval": "1s",
+                  "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}],
+    }))
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", schedule='every = "1s"',
+               batch_size=1, extra='max_rate = "2/s"\nmax_target_depth = 8\n')
+    assert b.cli("init") == 0
+    procs: list[subprocess.Popen] = []
+    run = b.spawn("run", "--listen", f"127.0.0.1:{qport}")
+    log = Log(run)
+    try:
+        procs.append(subprocess.Popen([alertmanager, f"--config.file={tmp_path / 'alertmanager.yml'}",
+                                       f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{aport}",
+                                       "--cluster.listen-address="], stdout=subprocess.DEVNULL,
+                                      stderr=(tmp_path / "alertmanager.log").open("w")))
+        procs.append(subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                       f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
+                                      stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w")))
+
+        def waits(status: str, name: str, timeout: float) -> None:
+            try:
+                wait_for(f"{name}: {status}", lambda: hook.has(status, name), timeout=timeout, proc=run)
+            except AssertionError as e:
+                logs = "\n".join(f"--- {n}\n" + (tmp_path / n).read_text()[-3000:] for n in ("prometheus.log", "alertmanager.log"))
+                raise AssertionError(f"{e}; notifications so far: {hook.seen}\n--- qbridge run\n{log}\n{logs}") from None
+
+        def fires(name: str, timeout: float = 60) -> None:
+            waits("firing", name, timeout)
+
+        def resolves(name: str, timeout: float = 60) -> None:
+            waits("resolved", name, timeout)
+
+        def query(expr: str) -> list:
+            url = f"http://127.0.0.1:{pport}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    return json.loads(r.read())["data"]["result"]
+            except OSError:
+                return []
+
+        # Prometheus has seen the job's counters at 0 (an increase needs a sample before it)
+        wait_for("the first scrapes", lambda: len(query('qbridge_messages_total{outcome="quarantined"}[5s]')[:1]) == 1
+                 and len(query('qbridge_messages_total{outcome="quarantined"}[5s]')[0]["values"]) >= 2, proc=run)
+        # quarantine growing: a row qbridge cannot read
+        bad = b.ready(1, start=900)
+        bad[0]["msg_text"] = "{not json"
+        b.insert(bad)
+        fires("QBridgeQuarantineGrowing")
+        # lag and back-pressure: 12 rows a minute old, at 2/s, into a queue no endpoint drains (limit 8)
+        old = b.ready(12)
+        for r in old:
+            r["insert_time"] = b.now_local() - timedelta(seconds=60)
+        b.insert(old)
+        fires("QBridgeLagHigh")
+        fires("QBridgeJobHeld")
+        with b.target.begin() as conn:  # an endpoint takes them: the job goes on, drains, lag drops
+            conn.execute(sa.text('delete from "Orders"'))
+        resolves("QBridgeJobHeld")
+        resolves("QBridgeLagHigh")
+        resolves("QBridgeQuarantineGrowing")
+        # paused too long
+        assert b.cli("pause", "--why", "alert test") == 0
+        fires("QBridgeJobPausedLong")
+        assert b.cli("resume") == 0
+        resolves("QBridgeJobPausedLong")
+        # no success: the legacy queue table is gone (every run fails and backs off), then back
+        with b.source.begin() as conn:
+            conn.execute(sa.text('alter table "MQueue1" rename to "MQueue1_away"'))
+        fires("QBridgeNoSuccess")
+        with b.source.begin() as conn:
+            conn.execute(sa.text('alter table "MQueue1_away" rename to "MQueue1"'))
+        resolves("QBridgeNoSuccess", timeout=120)  # the back-off doubles: 1, 2, 4, 8 s ...
+        # a lock lost: the lock file removed by a cleaner, and another process takes the job
+        with b.target.begin() as conn:
+            conn.execute(sa.text('delete from "Orders"'))
+        lock = next(tmp_path.glob("n.db.*.lock"))
+        lock.unlink()
+        b.insert(b.ready(10, start=2000))
+        sync = subprocess.Popen([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(b.config)], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(sync)
+        fires("QBridgeJobLockLost")
+        assert sync.wait(120) == 0
+        resolves("QBridgeJobLockLost")
+    finally:
+        stop(run, log)
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(30)
+        hook.server.shutdown()
+    names = {name for _, name in hook.seen}
+    assert names == {r["alert"] for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]}, hook.seen

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, tracing
 
 from bridge.ledger import giveback_marks
 from bridge.ledger.state import LedgerEntry, Quarantined, State, naive_utc
@@ -75,7 +75,14 @@ def anything_owed(tconn: sa.Connection, state: State, job: str, queue: str) -> b
 
 def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:
     """Gives back what a rollback of `queue` still owes; returns (rows given back, quarantined).
-    `runner`: the JobRunner (its engines, state, sources)."""
+    `runner`: the JobRunner (its engines, state, sources). Traced as `qbridge.giveback`."""
+    with tracing.span("qbridge.giveback", job=runner.job.name, queue=queue) as s:
+        given, quarantined = _finish(runner, queue, chunk)
+        s.set_attributes({"qbridge.given_back": given, "qbridge.quarantined": quarantined})
+        return given, quarantined
+
+
+def _finish(runner: Any, queue: str, chunk: int) -> tuple[int, int]:
     state, job = runner.state, runner.job.name
     if not runner.givebacks_kept():
         return 0, 0

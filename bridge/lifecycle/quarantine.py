@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, tracing
 from bridge.db import unique_violation
 from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
@@ -88,6 +88,15 @@ class QuarantineDesk:
 
     def _each(self, ids: list[str] | None, where: QuarantineFilter | None, act: Callable[[dict[str, Any]], Outcome],
               on_each: Callable[[Outcome], None], should_stop: Callable[[], bool]) -> list[Outcome]:
+        name = "qbridge.quarantine.replay" if act == self._replay_one else "qbridge.quarantine.discard"
+        with tracing.span(name, job=self.runner.job.name, group=where.group if where else None, actor=self.actor) as s:
+            out = self._each_page(ids, where, act, on_each, should_stop)
+            s.set_attributes({"qbridge.messages": len(out),
+                              "qbridge.failed_again": sum(1 for o in out if o.action == "replay-failed")})
+            return out
+
+    def _each_page(self, ids: list[str] | None, where: QuarantineFilter | None, act: Callable[[dict[str, Any]], Outcome],
+                   on_each: Callable[[Outcome], None], should_stop: Callable[[], bool]) -> list[Outcome]:
         out = []
         for page in self._pages(ids, where):
             for q in page:

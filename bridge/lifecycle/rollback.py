@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from bridge import faults
+from bridge import faults, tracing
 
 from bridge.ledger import giveback, giveback_marks
 from bridge.config import Config
@@ -93,7 +93,14 @@ def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
              config: Config | None = None) -> list[Withdrawal]:
     """`config`: the config the job comes from, whose other jobs' queues are told apart by their
     source identity (without it, any other job with a checkpoint of a same-named NGinn queue in
-    this ledger refuses the rollback)."""
+    this ledger refuses the rollback). Traced as `qbridge.rollback`."""
+    with tracing.span("qbridge.rollback", job=runner.job.name, queue=queue, dry_run=dry_run) as s:
+        done = _rollback(runner, queue, dry_run, config)
+        s.set_attribute("qbridge.queues", len(done))
+        return done
+
+
+def _rollback(runner: JobRunner, queue: str | None, dry_run: bool, config: Config | None) -> list[Withdrawal]:
     check(runner)
     runner.check_ledger()
     if queue is not None and queue not in runner.sources:

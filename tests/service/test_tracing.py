@@ -222,3 +222,19 @@ def test_sync_exports_its_spans_to_a_real_otlp_http_receiver(tmp_path: Path) -> 
     ids = {s.span_id.hex() for _, s in receiver.spans if s.name == "qbridge.batch"}
     assert {row["headers"]["traceparent"].split("-")[2] for row in b.rows("Orders")} == ids
     b.dispose()
+
+
+def test_rollback_and_quarantine_replay_are_traced(tmp_path: Path, spans) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    rows = b.ready(4)
+    rows[1]["msg_text"] = "{not json"
+    b.insert(rows)
+    assert b.cli("sync", "--once") == 0
+    assert b.cli("quarantine", "replay", "--all") == 1  # it fails again: the row is still not JSON
+    assert b.cli("rollback", "--job", "job1") == 0
+    done = {s.name: s for s in spans.get_finished_spans()}
+    replay = done["qbridge.quarantine.replay"]
+    assert replay.attributes["qbridge.messages"] == 1 and replay.attributes["qbridge.failed_again"] == 1
+    assert done["qbridge.rollback"].attributes["qbridge.job"] == "job1"
+    b.dispose()

@@ -79,6 +79,8 @@ def log_format(given: str | None) -> str:
 
 
 def configure(level: str, fmt: str) -> None:
+    """As logging.basicConfig: a process whose root logger has handlers already (a host
+    application, pytest's caplog) keeps them."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT))
-    logging.basicConfig(level=getattr(logging, level), handlers=[handler], force=True)
+    logging.basicConfig(level=getattr(logging, level), handlers=[handler])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import contextvars
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -14,6 +15,10 @@ log = logging.getLogger("qbridge.retry")
 
 
 BLIP = 0.1  # the first wait of a batch's retries: a connection cut on a flaky link comes back at once
+
+
+# Retries so far of the work with_backoff runs now (its spans say so: bridge.tracing).
+RETRIES: contextvars.ContextVar[int] = contextvars.ContextVar("qbridge_retries", default=0)
 
 
 def with_backoff(
@@ -36,6 +41,7 @@ def with_backoff(
     attempt, delay = fresh()
     while True:
         before = progress() if progress else 0
+        token = RETRIES.set(attempt - 1)
         try:
             return work()
         except Exception as e:
@@ -49,3 +55,5 @@ def with_backoff(
             sleep(delay)
             delay = first_delay if delay < first_delay else min(delay * 2, max_delay)
             attempt += 1
+        finally:
+            RETRIES.reset(token)

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from bridge import faults, tracing
 
 from bridge.ledger import giveback
+from bridge.retry import RETRIES
 from bridge.pipeline.batch import Batch
 from bridge.pipeline.job import LedgerConflict
 from bridge.ledger.gaps import Gap, expire, fill, holes
@@ -31,7 +32,8 @@ class Passes(Batch):
     """The passes of JobRunner (`sync --once`, `qbridge run`, the end of `migrate`)."""
 
     def run_pass(self, queue: str) -> PassStats:
-        with tracing.span("qbridge.batch", job=self.job.name, queue=queue, mode=self.job.mode) as s:
+        with tracing.span("qbridge.batch", job=self.job.name, queue=queue, mode=self.job.mode,
+                          retries=RETRIES.get() or None) as s:
             stats = self._run_pass(queue)
             tracing.counts(s, stats)
             return stats

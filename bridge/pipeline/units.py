@@ -18,7 +18,7 @@ from bridge.pipeline.job import LedgerConflict
 from bridge.ledger.gaps import Gap, holes
 from bridge.pipeline.passes import Passes
 from bridge.pipeline.stats import PassStats, RangeResult
-from bridge.retry import with_backoff
+from bridge.retry import RETRIES, with_backoff
 from bridge.sources import Source, SourceRow
 
 
@@ -98,7 +98,8 @@ class Units(Passes):
 
     def _batch_tx(self, source: Source, fetch, total: PassStats) -> list[SourceRow]:
         """One batch in the two transactions of a pass; `total` is only added to once it commits."""
-        with tracing.span("qbridge.batch", job=self.job.name, queue=source.queue, mode=self.job.mode) as s:
+        with tracing.span("qbridge.batch", job=self.job.name, queue=source.queue, mode=self.job.mode,
+                          retries=RETRIES.get() or None) as s:
             return self._unit_batch(source, fetch, total, s)
 
     def _unit_batch(self, source: Source, fetch, total: PassStats, span: object) -> list[SourceRow]:

@@ -238,3 +238,29 @@ def test_rollback_and_quarantine_replay_are_traced(tmp_path: Path, spans) -> Non
     assert replay.attributes["qbridge.messages"] == 1 and replay.attributes["qbridge.failed_again"] == 1
     assert done["qbridge.rollback"].attributes["qbridge.job"] == "job1"
     b.dispose()
+
+
+def test_a_ledger_conflict_is_on_the_failed_batch_span_and_the_retry_counts_it(tmp_path: Path, spans, monkeypatch) -> None:
+    from bridge.pipeline.job import LedgerConflict
+    from bridge.pipeline.passes import Passes
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    b.insert(b.ready(3))
+    real, failed = Passes._pass, []
+
+    def once(self, *args, **kwargs):
+        if not failed:
+            failed.append(1)
+            raise LedgerConflict("another qbridge process delivered messages of 'MQueue1' at the same time")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Passes, "_pass", once)
+    monkeypatch.setattr("bridge.retry.BLIP", 0.01)
+    assert b.cli("sync", "--once") == 0
+    batches = [s for s in spans.get_finished_spans() if s.name == "qbridge.batch"]
+    first, second = batches[0], batches[1]
+    assert first.status.status_code.name == "ERROR"
+    assert [e.attributes["exception.type"] for e in first.events if e.name == "exception"] == ["bridge.pipeline.job.LedgerConflict"]
+    assert second.attributes["qbridge.retries"] == 1 and second.attributes["qbridge.delivered"] == 3
+    b.dispose()

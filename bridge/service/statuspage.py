@@ -170,7 +170,8 @@ def render(title: str, workers: list[WorkerView], history: History, books_of: Ca
         elif steering and steering["paused"]:
             state = f"paused by {steering['paused_by']} since {_iso(steering['paused_at'])}: {steering['why']}"
         elif steering and steering["held"]:
-            state = f"held: {steering['held']}"
+            since = f" since {_iso(steering['held_since'])}" if steering["held_since"] else ""
+            state = f"held: {steering['held']}{since}; {steering['held_seconds']:,.0f} s held before this hold"
         else:
             state = "running"
         overview.append(_overview_row(w, direction, state, books, steering, actions, query))

@@ -125,3 +125,20 @@ def test_pause_resume_and_replay_a_group_from_the_page(make, browser, monkeypatc
     assert all("(status page, from 127.0.0.1)" in actor for _, actor, _ in audit)
     assert b.ledger()["delivered"] == 50 and b.ledger()["quarantined"] == 0
     assert b.cli("verify") == 0
+
+
+def test_the_overview_says_what_holds_a_job_and_for_how_long() -> None:
+    from types import SimpleNamespace
+
+    from bridge.service.statuspage import History, render
+
+    lock = SimpleNamespace(held=True, holder=lambda: "this process")
+    runner = SimpleNamespace(job=SimpleNamespace(reverse=False, mode="copy"), target_engine=None, state=None)
+    worker = SimpleNamespace(name="orders", runner=runner, failures=0, stopped_reason=None, last_success=None,
+                             last_error=None, retries={}, lock=lock, allowance=60.0)
+    books = {"lag_seconds": 0.0, "source_error": None, "quarantined": 0, "backlog": 12, "rows_moved": 5_000, "queues": [],
+             "steering": {"paused": False, "paused_by": None, "paused_at": None, "why": None,
+                          "held": "Orders holds 5,000 of 5,000", "held_since": "2026-11-25T08:00:00Z", "held_seconds": 90.0}}
+    page = render("t", [worker], History(), lambda w: books)
+    assert "held: Orders holds 5,000 of 5,000 since 2026-11-25 08:00:00 UTC; 90 s held before this hold" in page
+    assert 'class="bad" data-field="state"' in page

@@ -42,18 +42,20 @@ class QuarantineFilter:
 
 def quarantined(q: sa.Table, conn: sa.Connection, job: str, ids: Sequence[str] | None = None, raw: bool = True,
                 newest: int | None = None, where: QuarantineFilter | None = None,
-                after: tuple[datetime, str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+                after: tuple[datetime, str, str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
     """A job's quarantined rows (all, or these message ids, or those `where` picks), oldest
     first, raw rows parsed; `raw=False` leaves the raw rows in the database, `newest=N` takes
-    the N newest, newest first; `after` (at, message id) and `limit` page through them."""
-    order = (q.c.at, q.c.message_id)
+    the N newest, newest first; `after` (at, queue, source key) and `limit` page through them."""
+    order = (q.c.at, q.c.queue, q.c.source_key)  # a queue's rows of one batch in their order; unique in a job
     stmt = sa.select(*(c for c in q.c if raw or c.name != "raw")).where(q.c.job == job)
     if ids is not None:
         stmt = stmt.where(q.c.message_id.in_(list(ids)))
     if where is not None:
         stmt = stmt.where(*where.clauses(q))
-    if after is not None:
-        stmt = stmt.where(sa.or_(q.c.at > after[0], sa.and_(q.c.at == after[0], q.c.message_id > after[1])))
+    if after is not None:  # keyset paging, spelled out (SQL Server has no row values)
+        at, queue, key = after
+        stmt = stmt.where(sa.or_(q.c.at > at, sa.and_(q.c.at == at, q.c.queue > queue),
+                                 sa.and_(q.c.at == at, q.c.queue == queue, q.c.source_key > key)))
     stmt = stmt.order_by(*order) if newest is None else stmt.order_by(*(c.desc() for c in order)).limit(newest)
     if limit is not None:
         stmt = stmt.limit(limit)

@@ -118,7 +118,7 @@ class QuarantineDesk:
             if len(rows) < PAGE:
                 return
             last = rows[-1]
-            after = (naive_utc(datetime.fromisoformat(last["at"])), last["message_id"])
+            after = (naive_utc(datetime.fromisoformat(last["at"])), last["queue"], last["source_key"])
 
     def replay_edited(self, message_id: str, edited: dict[str, Any]) -> list[Outcome]:
         """Replays one message from an operator's edited copy of its raw row (ServicePulse's edit

@@ -34,6 +34,7 @@ from bridge.pipeline import gc_policy
 from bridge.pipeline.spark_context import TASK_ATTEMPTS, _jvm, local_slots, spark_context, stop_spark  # noqa: F401
 from bridge.ledger.gaps import Gap
 from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
+from bridge.pipeline.stats import where_the_time_went
 from bridge.retry import with_backoff
 
 log = logging.getLogger("qbridge.migrate")
@@ -186,7 +187,17 @@ def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None,
 
 def run_spark(config: Config, runners: list[JobRunner], console: Console, master: str | None,
               unit_rows: int | None = None, attempts: int = 5) -> list[PassStats]:
-    """Plans every queue of every job, runs the units on Spark, then finishes each queue."""
+    """Plans every queue of every job, runs the units on Spark, then finishes each queue; one
+    span (`qbridge.migrate`) over it all, the parent of every task's span and closing drain."""
+    with tracing.span("qbridge.migrate", jobs=",".join(r.job.name for r in runners), master=master) as s:
+        totals = _run_spark(config, runners, console, master, unit_rows, attempts)
+        s.set_attribute("qbridge.read", sum(t.read for t in totals))
+        s.set_attribute("qbridge.delivered", sum(t.delivered for t in totals))
+        return totals
+
+
+def _run_spark(config: Config, runners: list[JobRunner], console: Console, master: str | None,
+               unit_rows: int | None, attempts: int) -> list[PassStats]:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per closed gateway connection
     # The JVM takes seconds to start: let it while the tables are checked and the units planned.
     starting: dict[str, Any] = {}
@@ -232,24 +243,13 @@ def run_spark(config: Config, runners: list[JobRunner], console: Console, master
         slots = sc.defaultParallelism
         totals = _run(config, plans, units, console, sc, attempts, units_done=stopper.start)
         stopper.join()
-        _where_the_time_went(starting.get("ready", planned), planned, time.monotonic() - began, totals, slots)
+        where_the_time_went(starting.get("ready", planned), planned, time.monotonic() - began, totals, slots)
         return totals
     finally:
         if stopper.ident is None:
             stop_spark(sc)
         else:
             stopper.join()
-
-
-def _where_the_time_went(jvm: float, planned: float, total: float, totals: list[PassStats], slots: int) -> None:
-    """One line: JVM start and planning (overlapped), then the units' time split by what the
-    tasks did (summed over tasks, so it can exceed the wall time on several slots)."""
-    read = sum(t.t_read for t in totals)
-    python = sum(t.t_map for t in totals)
-    write = sum(t.t_write for t in totals)
-    log.info("where the time went: %.1fs in all; JVM start %.1fs with checks and planning alongside (ready to run "
-             "at %.1fs); then on %s task slots: source reads %.1fs, Python decode+map %.1fs, target writes+commits "
-             "%.1fs (summed over tasks)", total, jvm, planned, slots, read, python, write)
 
 
 def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots: int) -> tuple[list[QueuePlan], list[WorkUnit]]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.table import Table
 
 from bridge.ledger.gaps import Gap
+
+log = logging.getLogger("qbridge.migrate")
 
 SCAN_CHUNK = 10_000  # keys a scan pass (or verify) holds at once
 
@@ -81,3 +85,14 @@ def summary_table(totals: list[PassStats]) -> Table:
         t.add_row(s.queue, str(s.read), str(s.delivered), str(s.skipped), str(s.quarantined), str(s.already),
                   str(s.consumed), str(s.gaps_open), rate)
     return t
+
+
+def where_the_time_went(jvm: float, planned: float, total: float, totals: list[PassStats], slots: int) -> None:
+    """One line: JVM start and planning (overlapped), then the units' time split by what the
+    tasks did (summed over tasks, so it can exceed the wall time on several slots)."""
+    read = sum(t.t_read for t in totals)
+    python = sum(t.t_map for t in totals)
+    write = sum(t.t_write for t in totals)
+    log.info("where the time went: %.1fs in all; JVM start %.1fs with checks and planning alongside (ready to run "
+             "at %.1fs); then on %s task slots: source reads %.1fs, Python decode+map %.1fs, target writes+commits "
+             "%.1fs (summed over tasks)", total, jvm, planned, slots, read, python, write)

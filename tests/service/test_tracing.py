@@ -264,3 +264,27 @@ def test_a_ledger_conflict_is_on_the_failed_batch_span_and_the_retry_counts_it(t
     assert [e.attributes["exception.type"] for e in first.events if e.name == "exception"] == ["bridge.pipeline.job.LedgerConflict"]
     assert second.attributes["qbridge.retries"] == 1 and second.attributes["qbridge.delivered"] == 3
     b.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_migrate_traces_its_spark_tasks_under_its_own_span(make) -> None:
+    """The driver's `qbridge.migrate` span is the parent of every task's `qbridge.unit` span,
+    across processes (the task is handed the driver's traceparent), and of the closing drain."""
+    receiver = OtlpReceiver()
+    b = make(batch_size=50)
+    b.insert(b.ready(200))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+    r = subprocess.run([sys.executable, "-m", "bridge", "migrate", "-c", str(b.config), "--master", "local[2]",
+                        "--unit-rows", "100"], cwd=b.tmp, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    receiver.server.shutdown()
+    [driver] = [s for _, s in receiver.spans if s.name == "qbridge.migrate"]
+    units = [s for _, s in receiver.spans if s.name == "qbridge.unit"]
+    assert len(units) == 2
+    assert all(u.trace_id == driver.trace_id and u.parent_span_id == driver.span_id for u in units)
+    drains = [s for _, s in receiver.spans if s.name == "qbridge.drain"]
+    assert drains and all(d.parent_span_id == driver.span_id for d in drains)
+    batches = [s for _, s in receiver.spans if s.name == "qbridge.batch" and s.parent_span_id in {u.span_id for u in units}]
+    delivered = sum(a.value.int_value for s in batches for a in s.attributes if a.key == "qbridge.delivered")
+    assert delivered == 200  # 2 units of 100 rows in batches of 50 (and an empty one that finds the end)

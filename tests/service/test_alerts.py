@@ -169,8 +169,11 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
             conn.execute(sa.text('delete from "Orders"'))
         lock = next(tmp_path.glob("n.db.*.lock"))
         lock.unlink()
-        b.insert(b.ready(10, start=2000))
-        sync = subprocess.Popen([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(b.config)], cwd=tmp_path,
+        b.insert(b.ready(16, start=2000))
+        # the same job without back-pressure, so that it holds the job for 8 s at 2/s, not until the queue is full
+        taker = tmp_path / "taker.toml"
+        taker.write_text(b.config.read_text().replace("max_target_depth = 8\n", ""))
+        sync = subprocess.Popen([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(taker)], cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(sync)
         fires("QBridgeJobLockLost")

@@ -4,26 +4,16 @@ process that runs it (bridge.ledger.steering), and how `sync` and `migrate` hono
 from __future__ import annotations
 
 import argparse
-import getpass
 import logging
 
 import orjson
 
 from bridge.commands.common import out, runners_of
 from bridge.errors import UsageError
+from bridge.lifecycle.quarantine import operator
 from bridge.pipeline.loop import JobRunner
 
 log = logging.getLogger("qbridge.steer")
-
-
-def actor(given: str | None) -> str:
-    """Who did it, for the audit trail: --by, or the login name."""
-    if given:
-        return given
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name (a container): say so rather than fail
-        return "unknown"
 
 
 def _one_job(args: argparse.Namespace) -> JobRunner:
@@ -33,9 +23,14 @@ def _one_job(args: argparse.Namespace) -> JobRunner:
     return runners[0]
 
 
+def _by(args: argparse.Namespace) -> str:
+    """Who, for the audit trail: --by, else the login name (as `quarantine` says it)."""
+    return (args.by or "").strip() or operator()
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     runner = _one_job(args)
-    before = runner.state.steering.set_paused(runner.target_engine, runner.job.name, True, actor(args.by), args.why)
+    before = runner.state.steering.set_paused(runner.target_engine, runner.job.name, True, _by(args), args.why)
     was = f" (it was already paused by {before.paused_by}: {before.why})" if before.paused else ""
     _say(args, runner, f"job {runner.job.name!r} paused{was}; a batch in flight commits, and no process starts another "
                        "until `qbridge resume`")
@@ -44,7 +39,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     runner = _one_job(args)
-    before = runner.state.steering.set_paused(runner.target_engine, runner.job.name, False, actor(args.by), args.why)
+    before = runner.state.steering.set_paused(runner.target_engine, runner.job.name, False, _by(args), args.why)
     _say(args, runner, f"job {runner.job.name!r} resumed" + ("" if before.paused else " (it was not paused)"))
     return 0
 

@@ -49,7 +49,17 @@ def test_pause_resume_and_replay_a_group_from_the_page(make, browser, monkeypatc
         browser.get(f"{base}/?token={TOKEN}")
 
     def state() -> str:
-        return browser.find_element(By.CSS_SELECTOR, 'table.overview tr[data-job="job1"] td[data-field="state"]').text
+        """The job's state cell, or "" while a form's POST and its 303 back are still loading (CI caught a read then)."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        cells = browser.find_elements(By.CSS_SELECTOR, 'table.overview tr[data-job="job1"] td[data-field="state"]')
+        try:
+            return cells[0].text if cells else ""
+        except StaleElementReferenceException:
+            return ""
+
+    def shown() -> str:
+        return browser.find_element(By.TAG_NAME, "body").text[:2000]
 
     try:
         wait_for("the page", lambda: log.has("status page on"), proc=proc)
@@ -67,7 +77,10 @@ def test_pause_resume_and_replay_a_group_from_the_page(make, browser, monkeypatc
         form.find_element(By.NAME, "by").send_keys("dana")
         form.find_element(By.NAME, "why").send_keys("endpoint redeploy")
         form.find_element(By.TAG_NAME, "button").click()
-        wait_for("the paused page", lambda: "paused by dana" in state())
+        try:
+            wait_for("the paused page", lambda: "paused by dana" in state())
+        except AssertionError:
+            raise AssertionError(f"the page after pause showed:\n{shown()}\n{log}") from None
         assert "endpoint redeploy" in state()
         assert "job job1 paused" in browser.find_element(By.CSS_SELECTOR, "p.said").text
         b.insert(b.ready(20))

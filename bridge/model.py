@@ -201,6 +201,7 @@ class PlainMessage(NamedTuple):
     body: bytes
     failure: FailureInfo | None = None  # set when failed
     priority: int | None = None  # the legacy priority, when the system has one (OpenJMS)
+    conversation_id: str | None = None  # when the legacy system names one (BizTalk's interchange)
 
 
 def ledger_safe_key(key: str) -> str:

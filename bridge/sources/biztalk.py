@@ -18,9 +18,10 @@ import sqlalchemy as sa
 from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_context, decode_part
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
-from bridge.model import CanonicalMessage, Failure, Part
+from bridge.model import CanonicalMessage, Failure, FailureInfo, Part, PlainMessage
 from bridge.sources import biztalk_giveback
 from bridge.sources.base import tuple_after, ScanSource, SourceRow, Subscription
+from bridge.sources.plain_lane import plain_columns_of
 from bridge.schemas.biztalk import OTHER_PREDICATES, tables
 from bridge.timefmt import local_to_utc, utcnow, zone
 
@@ -225,6 +226,33 @@ class BizTalkSource(ScanSource):
 
     # -- decoding --------------------------------------------------------------------------
     def decode(self, row: SourceRow) -> CanonicalMessage:
+        (state, conversation, message_type, content_type, sent, expires, failure, headers, body,
+         extra) = self._fields(row)
+        return self.message(row, state=state, destination=self.queue, conversation_id=conversation,
+                            enclosed_types=[message_type] if message_type else [], content_type=content_type,
+                            time_sent=sent, expires=expires, failure=failure, headers=headers, body=body, parts=extra)
+
+    def plain(self, row: SourceRow, message_id: str) -> PlainMessage | None:
+        """The fast lane: a ready or suspended entry with one part, no expiry, and values the model
+        takes as they are, as a PlainMessage; anything else (or any doubt) goes through `decode`."""
+        try:
+            (state, conversation, message_type, content_type, sent, expires, failure, headers, body,
+             extra) = self._fields(row)
+        except BadRow:
+            return None
+        if (state not in ("ready", "failed") or expires is not None or extra
+                or (message_type is not None and type(message_type) is not str)
+                or (conversation is not None and type(conversation) is not str)):
+            return None  # what the model would refuse, or has to judge: the validated path says
+        info = None if failure is None else FailureInfo(
+            failure.exception_type, failure.message, failure.stack_trace, failure.failed_queue, failure.time_of_failure)
+        return PlainMessage(state, message_id, self.system, self.database, self.queue, self.ledger_key(row), self.queue,
+                            None, None, [message_type] if message_type else [], content_type, sent, None, headers, body,
+                            info, None, conversation)
+
+    def _fields(self, row: SourceRow) -> tuple:
+        """What `decode` and `plain` both make of an entry: state, conversation id, message type,
+        content type, time sent, expiry, failure, headers, body, the other parts."""
         v = row.values
         if v["spool_id"] is None:
             raise BadRow(f"work-queue entry refers to message {v['uidMessageID']} that is not in Spool")
@@ -253,20 +281,12 @@ class BizTalkSource(ScanSource):
             state, failure = "failed", self._failure(v, headers)
         elif expires is not None and expires <= utcnow():
             state = "expired"
-        return self.message(
-            row,
-            state=state,
-            destination=self.queue,
-            conversation_id=self._value(ctx, "InterchangeID") or None,
-            enclosed_types=[message_type] if message_type else [],
-            content_type="application/xml" if body.lstrip()[:1] == b"<" else "application/octet-stream",
-            time_sent=sent,
-            expires=expires,
-            failure=failure,
-            headers=headers,
-            body=body,
-            parts=extra,
-        )
+        return (state, self._value(ctx, "InterchangeID") or None, message_type or None,
+                "application/xml" if body.lstrip()[:1] == b"<" else "application/octet-stream", sent, expires, failure,
+                headers, body, extra)
+
+    def plain_columns(self, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]) -> Any:
+        return plain_columns_of((i, self.plain(rows[i], mid)) for i, mid in zip(take, mids))
 
     @staticmethod
     def _value(ctx: dict[tuple[str, str], ContextProperty], name: str) -> Any:

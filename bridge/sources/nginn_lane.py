@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ import pyarrow.compute as pc
 from bridge.codecs import nginn as codec
 from bridge.sources.base import SourceRow
 from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
-from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
+from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark, np_bool as _np, wire as _wire, wire_where as _wire_where
 
 LANE_STATES = {"I": "ready", "R": "delayed", "X": "processed", "F": "failed"}
 # What str.strip() strips besides the space (every character whose isspace() is true; a test
@@ -44,7 +43,6 @@ WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, 
 _ODD = "[\\x00-\\x1f\\x7f-\\x9f" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE if ord(c) > 0x9f) + "]"
 _CONTROL = r"[\x00-\x1f]"
 _CONTROL_BUT_LINES = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # a stack trace's \t, \n and \r are escaped
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f]")
 _SEP = "\x1e"  # between the parts of a group key (a control character, so in no lane value)
 
@@ -175,11 +173,6 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     )
 
 
-def _np(a: pa.Array) -> np.ndarray:
-    """A boolean Arrow array as numpy, null as False."""
-    return np.asarray(pc.fill_null(a, False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
 def _utc(local: pa.Array, tz: str) -> tuple[pa.Array, np.ndarray]:
     """Local times in zone `tz` as UTC, and which of them are sure: a time a clock change makes
     ambiguous, or skips, reads two ways, and is left to the per-row clock."""
@@ -188,37 +181,11 @@ def _utc(local: pa.Array, tz: str) -> tuple[pa.Array, np.ndarray]:
     return early.cast(pa.timestamp("us", "UTC")), _np(pc.equal(early, late))
 
 
-def _wire(utc: pa.Array) -> pa.Array:
-    """`yyyy-MM-dd HH:mm:ss:ffffff Z`, as bridge.timefmt.to_wire writes it (null stays null). A
-    batch's times fall in a few seconds: each second is written once, its microseconds per row
-    (Arrow's strftime costs ~1 us a value)."""
-    us = np.asarray(pc.fill_null(utc.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    seconds, micro = np.divmod(us, 1_000_000)
-    unique, at = np.unique(seconds, return_inverse=True)
-    heads = pa.array([_head(_EPOCH + timedelta(seconds=s)) for s in unique.tolist()], pa.string())
-    tails = pc.utf8_slice_codeunits(pa.array(micro + 1_000_000).cast(pa.string()), 1)
-    text = pc.binary_join_element_wise(heads.take(pa.array(at)), tails, " Z", "")
-    return pc.if_else(pc.is_valid(utc), text, pa.scalar(None, pa.string()))
-
-
-def _head(t: datetime) -> str:
-    """A wire time's text up to its microseconds, as to_wire pads it (strftime's %Y may not)."""
-    return "%04d-%02d-%02d %02d:%02d:%02d:" % (t.year, t.month, t.day, t.hour, t.minute, t.second)
-
-
 def _years_ok(local: pa.Array) -> np.ndarray:
     """Times in the years whose zone rules Arrow and zoneinfo read alike, and whose wire text
     has four digits of year (1000 to 2037)."""
     year = pc.year(local)
     return _np(pc.and_(pc.greater_equal(year, 1000), pc.less_equal(year, 2037)))
-
-
-def _wire_where(utc: pa.Array, where: pa.Array) -> pa.Array:
-    """_wire of the rows `where` holds, null for the others (a column only some states need)."""
-    at = np.flatnonzero(_np(where))
-    index = np.full(len(utc), -1, dtype=np.int64)
-    index[at] = np.arange(len(at))
-    return _wire(utc.take(pa.array(at))).take(pa.array(index, mask=index < 0))
 
 
 def _root_type(text: str) -> str | None:

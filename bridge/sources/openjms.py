@@ -24,6 +24,7 @@ from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.sources import openjms_giveback
 from bridge.sources.base import ScanSource, SourceRow, Subscription
+from bridge.sources.plain_lane import plain_columns_of
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
 from bridge.codecs.echo import ECHO_HEADER
 from bridge.timefmt import UTC, utcnow
@@ -281,6 +282,9 @@ class OpenJMSSource(ScanSource):
             return None  # what the model would refuse, or has to judge: the validated path says
         return PlainMessage(state, message_id, self.system, self.database, self.queue, self.ledger_key(row), destination,
                             reply_to, correlation_id, types, content_type, sent, None, headers, body, None, priority)
+
+    def plain_columns(self, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]) -> Any:
+        return plain_columns_of((i, self.plain(rows[i], mid)) for i, mid in zip(take, mids))
 
     def _fields(self, row: SourceRow, jms: JmsMessage) -> tuple:
         """What `decode` and `plain` both make of a handle and its message, in the order of

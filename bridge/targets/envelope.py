@@ -101,7 +101,7 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
         return None
     mid = msg.message_id
     headers = _common_headers(msg.headers, mapping, tables, translated, mid, "Send", msg.time_sent, msg.correlation_id,
-                              None, msg.system, msg.database, msg.queue, msg.key, types, msg.content_type, msg.priority,
+                              msg.conversation_id, msg.system, msg.database, msg.queue, msg.key, types, msg.content_type, msg.priority,
                               msg.reply_to)
     queue, due = routed, msg.due if action == "delayed" else None
     if due is not None:

@@ -114,8 +114,6 @@ def _escape(a: pa.Array) -> pa.Array:
 
 _ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("/", "\\/"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 _NEEDS_ESCAPE = r'[\\"/\n\r\t]'
-# Columns that hold only digits, hex, `-`, `:` and spaces (ids, keys, counts, wire times).
-_PLAIN = frozenset({"mid", "key", "retry", "sent", "due", "failed_at"})
 
 
 def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: np.ndarray, take: pa.Array) -> pa.Array:
@@ -126,5 +124,5 @@ def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: n
             escaped["L"] = _escape(cols.header_values)
         return escaped["L"].take(pa.array(cols.header_starts[rows] + int(name[1:])))
     if name not in escaped:
-        escaped[name] = cols.values[name] if name in _PLAIN else _escape(cols.values[name])
+        escaped[name] = cols.values[name] if name in cols.unescaped else _escape(cols.values[name])
     return escaped[name].take(take)

@@ -7,6 +7,8 @@ control messages), VARIANT values, and zlib block streams per fragment.
 
 from __future__ import annotations
 
+import codecs
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -50,38 +52,63 @@ class ContextProperty:
 
 
 class _Cursor:
+    """Reads a blob front to back. Values are unpacked in place with precompiled structs: one
+    context bag holds dozens of properties, and every message's bag is read (issue 37)."""
+
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.pos = 0
+        self.size = len(data)
 
     def take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.data):
-            raise BizTalkFormatError(f"truncated: needs {n} bytes at offset {self.pos}, {len(self.data) - self.pos} left")
-        out = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return out
+        pos = self.pos
+        if n < 0 or pos + n > self.size:
+            raise BizTalkFormatError(f"truncated: needs {n} bytes at offset {pos}, {self.size - pos} left")
+        self.pos = pos + n
+        return self.data[pos:pos + n]
 
     def unpack(self, fmt: str, n: int) -> Any:
-        return struct.unpack(fmt, self.take(n))[0]
+        pos = self.pos
+        if pos + n > self.size:
+            raise BizTalkFormatError(f"truncated: needs {n} bytes at offset {pos}, {self.size - pos} left")
+        self.pos = pos + n
+        return _struct(fmt).unpack_from(self.data, pos)[0]
 
     def i32(self) -> int:
-        return self.unpack("<i", 4)
+        pos = self.pos
+        if pos + 4 > self.size:
+            raise BizTalkFormatError(f"truncated: needs 4 bytes at offset {pos}, {self.size - pos} left")
+        self.pos = pos + 4
+        return _I32(self.data, pos)[0]
 
     def count(self, what: str) -> int:
         n = self.i32()
-        if n < 0 or n > MAX_ITEMS or n > len(self.data) - self.pos:
-            raise BizTalkFormatError(f"{what} count {n} at offset {self.pos - 4} is impossible for a {len(self.data)}-byte bag")
+        if n < 0 or n > MAX_ITEMS or n > self.size - self.pos:
+            raise BizTalkFormatError(f"{what} count {n} at offset {self.pos - 4} is impossible for a {self.size}-byte bag")
         return n
 
     def string(self) -> str:
         """int32 byte length (including the 2-byte NUL), UTF-16LE, NUL."""
         n = self.i32()
-        if n < 2 or n % 2 or n > len(self.data) - self.pos:
-            raise BizTalkFormatError(f"string length {n} at offset {self.pos - 4} is invalid")
-        raw = self.take(n)
-        if raw[-2:] != b"\x00\x00":
-            raise BizTalkFormatError(f"string at offset {self.pos - n} is not NUL-terminated")
-        return raw[:-2].decode("utf-16-le", "surrogatepass")
+        pos = self.pos
+        if n < 2 or n % 2 or n > self.size - pos:
+            raise BizTalkFormatError(f"string length {n} at offset {pos - 4} is invalid")
+        end = pos + n
+        data = self.data
+        if data[end - 2] or data[end - 1]:
+            raise BizTalkFormatError(f"string at offset {pos} is not NUL-terminated")
+        self.pos = end
+        return _utf16(data[pos:end - 2], "surrogatepass", True)[0]
+
+
+_I32 = struct.Struct("<i").unpack_from
+# bytes.decode("utf-16-le") goes through the codec's Python wrapper; its C function does not.
+_utf16 = codecs.utf_16_le_decode
+
+
+@functools.lru_cache(maxsize=32)
+def _struct(fmt: str) -> struct.Struct:
+    return struct.Struct(fmt)
 
 
 def ole_date(value: float) -> str:

@@ -47,10 +47,17 @@ def plain_columns_of(plains: Iterable[tuple[int, PlainMessage | None]]) -> Plain
         text = "\t".join(passed)
         if _ODD.search(text) or not _encodes(text):
             continue
+        # What the example keeps real is rendered as the template's literal text: a NUL there could
+        # spell a marker (a property named "\x00key\x00" would be filled with the row's key).
+        real = [*p.headers, *p.enclosed_types, p.destination, p.reply_to or "", p.content_type or "",
+                *((f.failed_queue,) if f else ())]
+        if "\x00" in "".join(real):
+            continue
+        # An id is a marker where the row has one, so the key tells "has one" from None and "".
         shape = (p.state, p.destination, p.reply_to, tuple(p.enclosed_types), p.content_type, p.priority,
-                 p.correlation_id if not p.correlation_id else None, p.conversation_id if not p.conversation_id else None,
+                 _has(p.correlation_id), _has(p.conversation_id),
                  p.due is None, tuple(p.headers),
-                 None if f is None else (f.failed_queue, f.inner_exception_type if not f.inner_exception_type else None))
+                 None if f is None else (f.failed_queue, _has(f.inner_exception_type)))
         g = shapes.get(shape)
         if g is None:
             g = shapes[shape] = len(examples)
@@ -94,6 +101,12 @@ def plain_columns_of(plains: Iterable[tuple[int, PlainMessage | None]]) -> Plain
         keys=[p.key for p in taken],
         unescaped=frozenset({"mid", "sent", "due", "failed_at"}),  # a scan source's key is any text
     )
+
+
+def _has(value: str | None) -> object:
+    """A value the example replaces with a marker, as a group key: True when the row has one,
+    else the value itself (None and "" are handled differently by the envelope)."""
+    return True if value else value
 
 
 def _encodes(text: str) -> bool:

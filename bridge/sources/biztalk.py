@@ -139,10 +139,14 @@ class BizTalkSource(ScanSource):
                 stmt = stmt.outerjoin(i, i.c.uidInstanceID == q.c.uidInstanceID)
             for start in range(0, len(messages), 500):
                 chunk = stmt.where(q.c.uidMessageID.in_(messages[start:start + 500]))
-                for row in conn.execute(chunk).mappings():
-                    key = wanted.get((prefix, row["uidMessageID"], row["uidInstanceID"]))
+                result = conn.execute(chunk)
+                names = [str(k) for k in result.keys()]
+                for row in result.fetchall():  # all at once: iterating the result fetches row by row
+                    values = dict(zip(names, row))
+                    key = wanted.get((prefix, values["uidMessageID"], values["uidInstanceID"]))
                     if key is not None:  # not another instance of the same message
-                        found[key] = {**{str(k): v for k, v in row.items()}, "kind": prefix}
+                        values["kind"] = prefix
+                        found[key] = values
         parts = self._parts(conn, sorted({v["uidMessageID"] for v in found.values()}))
         rows = []
         for key in keys:
@@ -180,10 +184,13 @@ class BizTalkSource(ScanSource):
                     .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
                     .where(mp.c.uidMessageID.in_(messages[start:start + 500])).order_by(mp.c.uidMessageID, mp.c.nvcPartName))
             by_part: dict[uuid.UUID, list[dict[str, Any]]] = {}  # BizTalk shares a part between messages
-            for row in conn.execute(stmt).mappings():
-                part = {str(k): v for k, v in row.items() if k != "qb_message"}
+            result = conn.execute(stmt)
+            names = [str(k) for k in result.keys()]
+            for row in result.fetchall():
+                part = dict(zip(names, row))
+                message = part.pop("qb_message")
                 part["fragments"] = []  # fragment 0 is in Parts; the rest, if any, in Fragments
-                out.setdefault(row["qb_message"], []).append(part)
+                out.setdefault(message, []).append(part)
                 by_part.setdefault(part["uidPartID"], []).append(part)
             ids = sorted(by_part)
             for at in range(0, len(ids), 500):

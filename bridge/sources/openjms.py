@@ -174,11 +174,14 @@ class OpenJMSSource(ScanSource):
             stmt = self._handles(True).where(h.c.destinationid == dest[0],
                                              h.c.consumerid.in_(sorted({c for c, _ in chunk})),
                                              h.c.messageid.in_(sorted({m for _, m in chunk})))
-            for m in conn.execute(stmt).mappings():
-                key = self.key_of(m["messageid"], m["consumerid"])
+            result = conn.execute(stmt)
+            names = [str(k) for k in result.keys()]
+            mid_at, cid_at = names.index("messageid"), names.index("consumerid")
+            for m in result.fetchall():  # all at once: iterating the result fetches row by row
+                key = self.key_of(m[mid_at], m[cid_at])
                 if key in wanted:  # a pair of another chunk matches this chunk's two lists too: taken once
                     wanted.discard(key)
-                    rows.append(SourceRow(key=key, consumable=True, values={str(k): v for k, v in m.items()}))
+                    rows.append(SourceRow(key=key, consumable=True, values=dict(zip(names, m))))
         order = {k: i for i, k in enumerate(keys)}
         return sorted(rows, key=lambda r: order[r.key])
 

@@ -1,7 +1,8 @@
 """Named points where a test can freeze a real qbridge process, to kill it there.
 
 `QBRIDGE_FAULT_PAUSE=<point>[:<n>]` makes the process, at the n-th time (default 1st) it reaches
-`<point>`, write `QBRIDGE_FAULT_FILE` and sleep until killed (or for `QBRIDGE_FAULT_PAUSE_SECONDS`). `QBRIDGE_FAULT_FAIL=<point>` raises
+`<point>`, write `QBRIDGE_FAULT_FILE` and sleep until killed (or for `QBRIDGE_FAULT_PAUSE_SECONDS`,
+or until the file `QBRIDGE_FAULT_RESUME_FILE` exists, at most those seconds). `QBRIDGE_FAULT_FAIL=<point>` raises
 there instead, on the first attempt of a Spark task (never outside Spark). Unset, `reached`
 costs two dict lookups.
 """
@@ -40,6 +41,12 @@ def reached(point: str) -> None:
     if marker:
         Path(marker).write_text(f"{os.getpid()} {point}\n")
     limit = os.environ.get("QBRIDGE_FAULT_PAUSE_SECONDS")
+    resume = os.environ.get("QBRIDGE_FAULT_RESUME_FILE")
+    if resume:  # a pause the test ends once what must happen meanwhile has happened
+        deadline = time.monotonic() + float(limit or 3600)
+        while not os.path.exists(resume) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
     if limit:  # a pause that ends: for signals sent while work is in flight
         time.sleep(float(limit))
         return

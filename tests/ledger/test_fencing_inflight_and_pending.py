@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from helpers import Bridge
 from tests.ledger.test_fencing import cut_lock
@@ -29,6 +30,12 @@ def _wait_for(marker: Path, text: str, proc: subprocess.Popen[bytes], timeout: f
             raise AssertionError(f"exited {proc.returncode} before {text}: {proc.communicate()[1].decode()[-3000:]}")
         assert time.monotonic() < deadline, f"{text} never reached"
         time.sleep(0.1)
+
+
+def _waits_on_a_row_lock(b: Bridge) -> bool:
+    with b.target.connect() as conn:
+        return bool(conn.execute(sa.text("select count(*) from pg_stat_activity where wait_event_type = 'Lock' "
+                                         "and datname = current_database()")).scalar())
 
 
 def _rollback(b: Bridge) -> subprocess.CompletedProcess[str]:
@@ -53,11 +60,24 @@ def test_a_pass_that_lost_its_lock_does_not_consume_in_flight_keys_a_rollback_ga
     b = make(mode="move", batch_size=5)
     b.insert(b.ready(20))
     marker = tmp_path / "faults"
+    wake = tmp_path / "wake"
     migrate = b.spawn("migrate", env={"QBRIDGE_FAULT_FAIL": "after_target_commit", "QBRIDGE_FAULT_FILE": str(marker),
-                                      "QBRIDGE_FAULT_PAUSE": "inflight_consumed:1", "QBRIDGE_FAULT_PAUSE_SECONDS": "20"})
+                                      "QBRIDGE_FAULT_PAUSE": "inflight_consumed:1", "QBRIDGE_FAULT_PAUSE_SECONDS": "120",
+                                      "QBRIDGE_FAULT_RESUME_FILE": str(wake)})
     _wait_for(marker, "inflight_consumed", migrate)
     cut_lock(b, "migrate", migrate.pid)
-    rollback = _rollback(b)
+    # The rollback takes the job, then waits for the rows the frozen pass holds: the pass is woken
+    # once the rollback waits on them (or is done), not after a fixed pause.
+    rollback_proc = subprocess.Popen(b.spawn_args("rollback", "--job", "job1", "--lock-wait", "60"),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while rollback_proc.poll() is None and not _waits_on_a_row_lock(b):
+        assert time.monotonic() < deadline, "the rollback neither ended nor waited on the frozen pass"
+        time.sleep(0.1)
+    assert migrate.poll() is None, "the closing pass woke before the rollback took the job"
+    wake.touch()
+    out, rollback_err = rollback_proc.communicate(timeout=180)
+    rollback = subprocess.CompletedProcess(rollback_proc.args, rollback_proc.returncode, out, rollback_err)
     _, err = migrate.communicate(timeout=180)
     assert rollback.returncode == 0, rollback.stderr[-2000:]
     for _ in range(2):
@@ -85,8 +105,9 @@ def test_a_pass_that_lost_its_lock_does_not_settle_the_pending_keys_of_the_pass_
     b = make(mode="move", batch_size=10)
     b.insert(b.ready(20))
     p_marker, q_marker = tmp_path / "p", tmp_path / "q"
+    wake = tmp_path / "wake"
     p = b.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": "after_source_commit:1", "QBRIDGE_FAULT_FILE": str(p_marker),
-                                        "QBRIDGE_FAULT_PAUSE_SECONDS": "25"})
+                                        "QBRIDGE_FAULT_PAUSE_SECONDS": "120", "QBRIDGE_FAULT_RESUME_FILE": str(wake)})
     _wait_for(p_marker, "after_source_commit", p)
     cut_lock(b, "sync", p.pid)
     rollback = _rollback(b)
@@ -95,7 +116,8 @@ def test_a_pass_that_lost_its_lock_does_not_settle_the_pending_keys_of_the_pass_
     q = b.spawn("sync", "--once", "--lock-wait", "60",
                 env={"QBRIDGE_FAULT_PAUSE": "after_target_commit:1", "QBRIDGE_FAULT_FILE": str(q_marker)})
     _wait_for(q_marker, "after_target_commit", q)
-    assert p.poll() is None, "P woke before Q delivered: raise QBRIDGE_FAULT_PAUSE_SECONDS"
+    assert p.poll() is None, "P woke before Q delivered"
+    wake.touch()
     _, p_err = p.communicate(timeout=180)  # P wakes and settles
     os.kill(q.pid, signal.SIGKILL)
     q.wait(30)

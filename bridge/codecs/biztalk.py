@@ -60,26 +60,23 @@ class _Cursor:
         self.pos = 0
         self.size = len(data)
 
-    def take(self, n: int) -> bytes:
+    def _advance(self, n: int) -> int:
+        """Moves past the next `n` bytes and returns where they start."""
         pos = self.pos
         if n < 0 or pos + n > self.size:
             raise BizTalkFormatError(f"truncated: needs {n} bytes at offset {pos}, {self.size - pos} left")
         self.pos = pos + n
+        return pos
+
+    def take(self, n: int) -> bytes:
+        pos = self._advance(n)
         return self.data[pos:pos + n]
 
     def unpack(self, fmt: str, n: int) -> Any:
-        pos = self.pos
-        if pos + n > self.size:
-            raise BizTalkFormatError(f"truncated: needs {n} bytes at offset {pos}, {self.size - pos} left")
-        self.pos = pos + n
-        return _struct(fmt).unpack_from(self.data, pos)[0]
+        return _struct(fmt).unpack_from(self.data, self._advance(n))[0]
 
     def i32(self) -> int:
-        pos = self.pos
-        if pos + 4 > self.size:
-            raise BizTalkFormatError(f"truncated: needs 4 bytes at offset {pos}, {self.size - pos} left")
-        self.pos = pos + 4
-        return _I32(self.data, pos)[0]
+        return _I32(self.data, self._advance(4))[0]
 
     def count(self, what: str) -> int:
         n = self.i32()

@@ -205,6 +205,13 @@ class Source:
                          values={k: restore(v, k in self.time_columns) for k, v in raw.items()})
 
 
+def dict_rows(result: sa.CursorResult) -> list[dict[str, Any]]:
+    """A result's rows as dicts of column name to value, taken at once: iterating a result (or
+    its mappings) fetches and copies row by row, and a batch's fetch runs per batch."""
+    names = [str(k) for k in result.keys()]
+    return [dict(zip(names, row)) for row in result.fetchall()]
+
+
 def delivered_headers(headers: dict[str, str], mapping: Any, prefix: str = "") -> dict[str, str]:
     """The headers of a delivered row that a source wrote under `prefix`, by the names it gave
     them (a mapping's rename undone), without the prefix: what a move-mode give-back rebuilds from."""

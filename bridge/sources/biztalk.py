@@ -20,8 +20,8 @@ from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, FailureInfo, Part, PlainMessage
 from bridge.sources import biztalk_giveback
-from bridge.sources.base import tuple_after, ScanSource, SourceRow, Subscription
-from bridge.sources.plain_lane import plain_columns_of
+from bridge.sources.base import tuple_after, ScanSource, SourceRow, Subscription, dict_rows
+from bridge.sources import plain_lane
 from bridge.schemas.biztalk import OTHER_PREDICATES, tables
 from bridge.timefmt import local_to_utc, utcnow, zone
 
@@ -139,10 +139,7 @@ class BizTalkSource(ScanSource):
                 stmt = stmt.outerjoin(i, i.c.uidInstanceID == q.c.uidInstanceID)
             for start in range(0, len(messages), 500):
                 chunk = stmt.where(q.c.uidMessageID.in_(messages[start:start + 500]))
-                result = conn.execute(chunk)
-                names = [str(k) for k in result.keys()]
-                for row in result.fetchall():  # all at once: iterating the result fetches row by row
-                    values = dict(zip(names, row))
+                for values in dict_rows(conn.execute(chunk)):
                     key = wanted.get((prefix, values["uidMessageID"], values["uidInstanceID"]))
                     if key is not None:  # not another instance of the same message
                         values["kind"] = prefix
@@ -184,10 +181,7 @@ class BizTalkSource(ScanSource):
                     .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
                     .where(mp.c.uidMessageID.in_(messages[start:start + 500])).order_by(mp.c.uidMessageID, mp.c.nvcPartName))
             by_part: dict[uuid.UUID, list[dict[str, Any]]] = {}  # BizTalk shares a part between messages
-            result = conn.execute(stmt)
-            names = [str(k) for k in result.keys()]
-            for row in result.fetchall():
-                part = dict(zip(names, row))
+            for part in dict_rows(conn.execute(stmt)):
                 message = part.pop("qb_message")
                 part["fragments"] = []  # fragment 0 is in Parts; the rest, if any, in Fragments
                 out.setdefault(message, []).append(part)
@@ -292,8 +286,7 @@ class BizTalkSource(ScanSource):
                 "application/xml" if body.lstrip()[:1] == b"<" else "application/octet-stream", sent, expires, failure,
                 headers, body, extra)
 
-    def plain_columns(self, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]) -> Any:
-        return plain_columns_of((i, self.plain(rows[i], mid)) for i, mid in zip(take, mids))
+    plain_columns = plain_lane.decoded_columns
 
     @staticmethod
     def _value(ctx: dict[tuple[str, str], ContextProperty], name: str) -> Any:

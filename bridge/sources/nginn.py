@@ -16,7 +16,7 @@ from bridge.errors import BadRow, SourceSchemaError
 from bridge.identifiers import check_fits
 from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.codecs import nginn as codec
-from bridge.sources.base import Source, SourceRow, Subscription
+from bridge.sources.base import Source, SourceRow, Subscription, dict_rows
 from bridge.timefmt import LocalClock, utcnow, zone
 
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
@@ -108,12 +108,7 @@ class NGinnSource(Source):
         return stmt
 
     def _rows(self, result: sa.CursorResult) -> list[SourceRow]:
-        names = list(result.keys())
-        out = []
-        for row in result.fetchall():
-            values = dict(zip(names, row))
-            out.append(SourceRow(int(values["id"]), values["subqueue"] in CONSUMABLE, values))
-        return out
+        return [SourceRow(int(v["id"]), v["subqueue"] in CONSUMABLE, v) for v in dict_rows(result)]
 
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
                     upto: int | None = None) -> list[SourceRow]:

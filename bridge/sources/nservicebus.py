@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, ledger_safe_key
-from bridge.sources.base import Source, SourceRow
+from bridge.sources.base import Source, SourceRow, dict_rows
 from bridge.schemas.nservicebus import transport_tables
 from bridge.timefmt import UTC, from_wire, utcnow
 
@@ -91,7 +91,7 @@ class NServiceBusSource(Source):
         (`after`/`upto` do not apply: consumed rows leave the queue.)"""
         col = self.transport.column
         rows = [self._row(QUEUE, r[self.seq.name], r, col(self.queue_table, "Expires").name, None)
-                for r in conn.execute(self._locked(self.queue_table, self.seq, limit)).mappings()]
+                for r in dict_rows(conn.execute(self._locked(self.queue_table, self.seq, limit)))]
         # Senders keep their delayed messages in their own `.Delayed` table and move them into
         # this queue when due (reference/nservicebus-target.md §1.4): what is here was put here
         # by a writer outside NServiceBus's senders, which the transport's design allows.
@@ -101,7 +101,7 @@ class NServiceBusSource(Source):
         if self.due_only:  # the target cannot wait: leave a delayed message here until it is due
             now = utcnow()
             stmt = stmt.where(due <= (now if getattr(due.type, "timezone", False) else now.replace(tzinfo=None)))
-        for r in conn.execute(stmt).mappings():
+        for r in dict_rows(conn.execute(stmt)):
             rows.append(self._row(DELAYED, r[self.delayed_key.name], r, None, due.name))
         return rows
 

@@ -23,8 +23,8 @@ from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.sources import openjms_giveback
-from bridge.sources.base import ScanSource, SourceRow, Subscription
-from bridge.sources.plain_lane import plain_columns_of
+from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows
+from bridge.sources import plain_lane
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
 from bridge.codecs.echo import ECHO_HEADER
 from bridge.timefmt import UTC, utcnow
@@ -174,14 +174,11 @@ class OpenJMSSource(ScanSource):
             stmt = self._handles(True).where(h.c.destinationid == dest[0],
                                              h.c.consumerid.in_(sorted({c for c, _ in chunk})),
                                              h.c.messageid.in_(sorted({m for _, m in chunk})))
-            result = conn.execute(stmt)
-            names = [str(k) for k in result.keys()]
-            mid_at, cid_at = names.index("messageid"), names.index("consumerid")
-            for m in result.fetchall():  # all at once: iterating the result fetches row by row
-                key = self.key_of(m[mid_at], m[cid_at])
+            for values in dict_rows(conn.execute(stmt)):
+                key = self.key_of(values["messageid"], values["consumerid"])
                 if key in wanted:  # a pair of another chunk matches this chunk's two lists too: taken once
                     wanted.discard(key)
-                    rows.append(SourceRow(key=key, consumable=True, values=dict(zip(names, m))))
+                    rows.append(SourceRow(key=key, consumable=True, values=values))
         order = {k: i for i, k in enumerate(keys)}
         return sorted(rows, key=lambda r: order[r.key])
 
@@ -286,8 +283,7 @@ class OpenJMSSource(ScanSource):
         return PlainMessage(state, message_id, self.system, self.database, self.queue, self.ledger_key(row), destination,
                             reply_to, correlation_id, types, content_type, sent, None, headers, body, None, priority)
 
-    def plain_columns(self, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]) -> Any:
-        return plain_columns_of((i, self.plain(rows[i], mid)) for i, mid in zip(take, mids))
+    plain_columns = plain_lane.decoded_columns
 
     def _fields(self, row: SourceRow, jms: JmsMessage) -> tuple:
         """What `decode` and `plain` both make of a handle and its message, in the order of

@@ -14,7 +14,8 @@ character other than a tab or a line break, or text UTF-8 cannot encode (a lone 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -22,10 +23,20 @@ import pyarrow as pa
 from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
 from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark, wire, wire_where
 
+if TYPE_CHECKING:
+    from bridge.sources.base import Source, SourceRow
+
 _LANE_STATES = frozenset({"ready", "delayed", "failed", "processed"})
 # orjson writes these as \\uXXXX or \\b, \\f; the lane's escaping knows only \\n, \\r and \\t.
 _ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _TIME = pa.timestamp("us", "UTC")
+
+
+def decoded_columns(source: Source, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]
+                    ) -> PlainColumns | None:
+    """`Source.plain_columns` of a source that decodes row by row: each row at `take` (with its
+    message id in `mids`) made into its PlainMessage by the source's fast lane, `plain`."""
+    return plain_columns_of((i, source.plain(rows[i], mid)) for i, mid in zip(take, mids))
 
 
 def plain_columns_of(plains: Iterable[tuple[int, PlainMessage | None]]) -> PlainColumns | None:

@@ -46,6 +46,20 @@ def _jms(i: int, correlation: str | None, properties: dict[str, Any] | None = No
         {"text": '{"a": 1}'})
 
 
+def _store(j: Jms, msgs: list[JmsMessage]) -> None:
+    j.store(lambda c, t: [openjms_message(c, t, f"ID:r-{i:03d}", QUEUE_ID, encode(m), [QUEUE_ID * 100])
+                          for i, m in enumerate(msgs)])
+
+
+def _agreed_headers(runner: Any, rows: list[Any], queue: str = "orders") -> dict[str, dict[str, str]]:
+    """Each row's headers as the lane writes them (by message id), once the lane and the per-row
+    lanes are seen to write the same."""
+    by_id = _lane_rows(runner, queue, rows)
+    columnar, per_row, _ = lanes(runner, queue, rows, False)
+    assert columnar == per_row
+    return by_id
+
+
 def _lane_rows(runner: Any, queue: str, rows: list[Any]) -> dict[str, dict[str, str]]:
     """Each row's written headers (by message id), through the columnar lane."""
     runner.lane_min_rows = 1
@@ -66,30 +80,20 @@ def _lane_rows(runner: Any, queue: str, rows: list[Any]) -> dict[str, dict[str, 
 
 def test_a_correlated_row_grouped_after_an_uncorrelated_one_keeps_its_correlation_id(tmp_path: Path) -> None:
     j = _jms_store(tmp_path)
-    msgs = [_jms(0, None), _jms(1, "order-4711")]  # identical but for JMSCorrelationID
-    j.store(lambda c, t: [openjms_message(c, t, f"ID:r-{i}", QUEUE_ID, encode(m), [QUEUE_ID * 100])
-                          for i, m in enumerate(msgs)])
-    runner, rows = jms_rows(j, "orders")
-    by_id = _lane_rows(runner, "orders", rows)
+    _store(j, [_jms(0, None), _jms(1, "order-4711")])  # identical but for JMSCorrelationID
+    by_id = _agreed_headers(*jms_rows(j, "orders"))
     correlations = sorted(h["NServiceBus.CorrelationId"] for h in by_id.values())
-    # The per-row lanes (and the validated path) keep "order-4711"; the lane writes the row's MessageId instead.
+    # As the per-row lanes (and the validated path) write it, not the first row's MessageId.
     assert "order-4711" in correlations, correlations
-    columnar, per_row, _ = lanes(runner, "orders", rows, False)
-    assert columnar == per_row
 
 
 def test_an_uncorrelated_row_grouped_after_a_correlated_one_gets_its_message_id(tmp_path: Path) -> None:
     j = _jms_store(tmp_path)
-    msgs = [_jms(0, "order-4711"), _jms(1, None)]  # the other order: the example has an id
-    j.store(lambda c, t: [openjms_message(c, t, f"ID:r-{i}", QUEUE_ID, encode(m), [QUEUE_ID * 100])
-                          for i, m in enumerate(msgs)])
-    runner, rows = jms_rows(j, "orders")
-    by_id = _lane_rows(runner, "orders", rows)
+    _store(j, [_jms(0, "order-4711"), _jms(1, None)])  # the other order: the example has an id
+    by_id = _agreed_headers(*jms_rows(j, "orders"))
     # Per-row: a message without a correlation id correlates with itself (CorrelationId = MessageId).
     assert all(h["NServiceBus.CorrelationId"] for h in by_id.values()), \
         [h["NServiceBus.CorrelationId"] for h in by_id.values()]
-    columnar, per_row, _ = lanes(runner, "orders", rows, False)
-    assert columnar == per_row
 
 
 def _bstr(text: str) -> bytes:
@@ -129,11 +133,9 @@ def test_a_biztalk_interchange_id_beside_an_entry_without_one_is_kept(tmp_path: 
         assert len(rows) == 2
         # First the interchange-less entry, then the other (the group's example is the first).
         rows.sort(key=lambda r: "InterchangeID".encode("utf-16-le") in bytes(r.values["imgContext"]))
-        by_id = _lane_rows(runner, "BizTalkServerApplication", rows)
+        by_id = _agreed_headers(runner, rows, "BizTalkServerApplication")
         conversations = sorted(h["NServiceBus.ConversationId"] for h in by_id.values())
         assert "{7D1C3A52-0F4E-4B8B-9C2D-5E6F7A8B9C0D}" in conversations, conversations
-        columnar, per_row, _ = lanes(runner, "BizTalkServerApplication", rows, False)
-        assert columnar == per_row
 
 
 # -- 2. a marker spelled in text the example keeps real ---------------------------------------------
@@ -144,15 +146,9 @@ def test_a_biztalk_interchange_id_beside_an_entry_without_one_is_kept(tmp_path: 
 def test_a_property_name_that_spells_a_marker_is_written_as_it_is(tmp_path: Path) -> None:
     j = _jms_store(tmp_path)
     props = {"\x00key\x00": {"type": "java.lang.String", "value": "x"}}
-    msgs = [_jms(i, "c", props) for i in range(2)]
-    j.store(lambda c, t: [openjms_message(c, t, f"ID:r-{i}", QUEUE_ID, encode(m), [QUEUE_ID * 100])
-                          for i, m in enumerate(msgs)])
-    runner, rows = jms_rows(j, "orders")
-    by_id = _lane_rows(runner, "orders", rows)
-    for h in by_id.values():
+    _store(j, [_jms(i, "c", props) for i in range(2)])
+    for h in _agreed_headers(*jms_rows(j, "orders")).values():
         assert "JMS.Property.\x00key\x00" in h, sorted(n for n in h if n.startswith("JMS.Property"))
-    columnar, per_row, _ = lanes(runner, "orders", rows, False)
-    assert columnar == per_row
 
 
 def test_sync_once_writes_requests_and_replies_of_one_queue_with_their_own_correlation_ids(tmp_path: Path) -> None:
@@ -160,9 +156,7 @@ def test_sync_once_writes_requests_and_replies_of_one_queue_with_their_own_corre
     request without JMSCorrelationID, the rest replies correlated to it. Each delivered row must
     carry its own correlation id (or, without one, its MessageId), as the per-row lane writes it."""
     j = _jms_store(tmp_path)
-    msgs = [_jms(i, None if i % 7 == 0 else f"corr-{i}") for i in range(70)]
-    j.store(lambda c, t: [openjms_message(c, t, f"ID:r-{i:03d}", QUEUE_ID, encode(m), [QUEUE_ID * 100])
-                          for i, m in enumerate(msgs)])
+    _store(j, [_jms(i, None if i % 7 == 0 else f"corr-{i}") for i in range(70)])
     assert j.cli("sync", "--once") == 0
     rows = j.rows("Orders")
     assert len(rows) == 70

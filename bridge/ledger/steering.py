@@ -132,15 +132,19 @@ class SteeringBook:
             self.record(conn, job, "paused" if paused else "resumed", actor, why, detail)
         return before
 
-    def set_held(self, engine: sa.Engine, job: str, held: str | None, seconds: float) -> None:
-        """The running process's back-pressure state, and `seconds` more held time."""
+    def set_held(self, engine: sa.Engine, job: str, held: str | None) -> None:
+        """The running process's back-pressure state. A hold that ends adds its seconds (from
+        held_since, so a hold a process took over from an ended one counts whole) to held_seconds."""
         self._row(engine, job)
         with engine.begin() as conn:
             t = self.table
             now = naive_utc(utcnow())
-            values: dict = {"held": held, "held_seconds": t.c.held_seconds + seconds}
+            values: dict = {"held": held}
             if held is None:
+                since = conn.execute(sa.select(t.c.held_since).where(t.c.job == job)).scalar_one_or_none()
                 values["held_since"] = None
+                if since is not None:
+                    values["held_seconds"] = t.c.held_seconds + max(0.0, (now - since).total_seconds())
             else:
                 values["held_since"] = sa.func.coalesce(t.c.held_since, now)
             conn.execute(sa.update(t).where(t.c.job == job).values(**values))

@@ -120,6 +120,7 @@ class JobSetup:
                     limits[queue] = (self.tables.queue(queue), limit)
         self.pressure = Pressure(self.target_engine, limits, job.resume_depth_percent, job.batch_size)
         self.even_if_paused = False  # `sync`/`migrate --even-if-paused`
+        self._hold_adopted = False  # whether the stored hold was taken over (may_go, once a process)
 
     def set_rate(self, rate: float | None) -> None:
         """Caps this process's batches of the job at `rate` messages a second (a Spark task gets
@@ -140,15 +141,18 @@ class JobSetup:
     def may_go(self) -> str | None:
         """None, or why the job's next batch must wait: an operator paused it, or a destination
         queue is too deep. A change of the hold is written for `status` and the page to read."""
-        if not self.even_if_paused:
-            steering = self.steering()
-            if steering.paused:
-                return steering.paused_line()
-        before, since = self.pressure.held, self.pressure.since
+        steering = self.steering()
+        if steering.paused and not self.even_if_paused:
+            return steering.paused_line()
+        if not self._hold_adopted:
+            # A hold the last process left (it ended or was killed while held) is this one's until
+            # the queues fall below the low-water mark, as it would have been had that process lived.
+            self._hold_adopted = True
+            if steering.held is not None:
+                self.pressure.adopt(steering.held, steering.held_since)
         held = self.pressure.check()
-        if held != before and self.kept(self.state.steering.table):
-            seconds = time.monotonic() - since if before is not None and since is not None else 0.0
-            self.state.steering.set_held(self.target_engine, self.job.name, held, seconds)
+        if (held is None) != (steering.held is None) and self.kept(self.state.steering.table):
+            self.state.steering.set_held(self.target_engine, self.job.name, held)
         return None if held is None else f"job {self.job.name!r} held: {held}"
 
     def message_id(self, source: Source, row: SourceRow) -> uuid.UUID:

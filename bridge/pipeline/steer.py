@@ -8,8 +8,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 import sqlalchemy as sa
+
+from bridge.timefmt import naive_utc, utcnow
 
 log = logging.getLogger("qbridge.steer")
 
@@ -110,6 +113,13 @@ class Pressure:
                 log.info("no longer held (%s, for %.0fs)", self.held, time.monotonic() - (self.since or time.monotonic()))
                 self.held, self.since = None, None
         return self.held
+
+    def adopt(self, held: str, since: datetime | None) -> None:
+        """Takes over a hold the books show (held since `since`, UTC), when limits still apply:
+        it ends, as any hold, below the low-water mark."""
+        if self.limits and self.held is None:
+            elapsed = max(0.0, (naive_utc(utcnow()) - since).total_seconds()) if since is not None else 0.0
+            self.held, self.since = held, time.monotonic() - elapsed
 
     def held_for(self) -> float:
         return 0.0 if self.since is None else time.monotonic() - self.since

@@ -210,6 +210,42 @@ def test_back_pressure_holds_the_job_while_the_endpoint_is_behind(pg_server: str
     b.dispose()
 
 
+def _take(b: Bridge, n: int) -> None:
+    """An endpoint takes the `n` oldest rows of Orders."""
+    with b.target.begin() as conn:
+        conn.execute(sa.text(f"delete from {b._qualified('Orders')} where seq in "
+                             f"(select seq from {b._qualified('Orders')} order by seq limit {n})"))
+
+
+def test_a_hold_outlives_its_process_until_the_low_water_mark(tmp_path: Path) -> None:
+    """Each `sync --once` is a process of its own: the next one takes over the hold the last
+    left, keeps it down to the low-water mark, and ends it in the books when it ends (also when
+    the limit is gone from the config), its seconds counted."""
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=10,
+               extra="max_target_depth = 40\nresume_depth_percent = 50\n")
+    assert b.cli("init") == 0
+    b.insert(b.ready(100))
+    assert b.cli("sync", "--once") == 0
+    assert b.count("Orders") == 40
+    assert status(b)["steering"]["held"] == "Orders holds 40 of 40"
+    _take(b, 10)  # 30 left: below the limit, above the low-water mark (20)
+    assert b.cli("sync", "--once") == 0
+    assert b.count("Orders") == 30, "a new process forgot the hold the last one left"
+    assert status(b)["steering"]["held"] is not None
+    _take(b, 15)  # 15 left: below the mark, the hold ends and the queue fills to its limit again
+    assert b.cli("sync", "--once") == 0
+    assert b.count("Orders") == 40
+    time.sleep(1.1)  # the hold's seconds are counted from when it began, to a second
+    b.extra = ""
+    b.write_config()  # the limit is gone: the hold the books show ends with the next pass
+    assert b.cli("sync", "--once") == 0
+    assert b.count("Orders") == 75
+    s = status(b)["steering"]
+    assert s["held"] is None and s["held_since"] is None
+    assert s["held_seconds"] >= 1.0, s
+    b.dispose()
+
+
 @pytest.mark.slow
 def test_migrate_shares_max_rate_over_its_task_slots(pg_server: str, pg_schema: str, tmp_path: Path) -> None:
     b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, batch_size=1000,

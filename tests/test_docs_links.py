@@ -95,3 +95,14 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
         "README.md: (docs/b.md): no file docs/b.md",
         "README.md: (docs/a.md#other-part): no heading in docs/a.md makes the anchor #other-part",
     ]
+
+
+def test_the_systemd_unit_has_no_comment_after_a_value() -> None:
+    """systemd reads `Key=value  # note` as a value that ends in '# note' (a path that does not exist)."""
+    text = (ROOT / "docs" / "running.md").read_text()
+    units = re.findall(r"```ini\n(.*?)```", text, re.S)
+    assert units, "docs/running.md has no systemd unit"
+    for unit in units:
+        for line in unit.splitlines():
+            if "=" in line and not line.lstrip().startswith(("#", ";")):
+                assert "#" not in line.split("=", 1)[1], line

@@ -52,7 +52,7 @@ class BridgeCollector(Collector):
                                 labels=["job", "queue"])
         gaps = GaugeMetricFamily("qbridge_open_gaps", "Id gaps still watched for late commits", labels=["job", "queue"])
         held = GaugeMetricFamily("qbridge_job_lock_held", "1 while this process holds the job's lock", labels=["job"])
-        success = GaugeMetricFamily("qbridge_last_success_timestamp_seconds", "When the job last ran without an error",
+        success = GaugeMetricFamily("qbridge_last_success_timestamp_seconds", "When the job last ran without an error or committed a batch",
                                     labels=["job"])
         retries = CounterMetricFamily("qbridge_retries", "Failed runs retried after a back-off", labels=["job", "reason"])
         paused = GaugeMetricFamily("qbridge_job_paused", "1 while an operator has the job paused (qbridge pause)", labels=["job"])

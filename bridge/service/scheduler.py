@@ -77,19 +77,22 @@ class JobWorker:
         self.checked = False
         self.standing_by = False
         self.stopped_reason: str | None = None
-        self.last_success: float | None = None  # epoch seconds of the last run without an error
+        # epoch seconds of the last run without an error, or of its last committed batch: a drain
+        # of a long backlog (throttled, say) is a run in progress, not a job that stopped.
+        self.last_success: float | None = None
         self.retries: dict[str, int] = {}  # failed runs retried, by error class
         self.last_error: str | None = None  # the first line of the last failure, until a run succeeds
         self.prune_at = 0.0  # when the ledger is next pruned (clock seconds)
         self.waiting: str | None = None  # why the job's last run stopped short: paused, or held
         self.allowance = readiness_allowance(runner.job)
-        self.pending: JobRunner | None = None  # built from a reloaded config, taken at the next tick
+        self.pending: JobRunner | None = None  # built from a reloaded config, taken before the next batch
 
     def _take(self, new: JobRunner) -> None:
         old, self.pending = self.runner, None
         new.on_batch = old.on_batch
         if new.pace.rate == old.pace.rate:
             new.pace.next_at = old.pace.next_at  # the rate holds across a reload
+        new.fence = old.fence
         self.runner = new
         self.checked = False  # its tables and mapping are checked again
         self.stopped_reason = None  # a job stopped on a bad mapping runs again once it is fixed
@@ -108,8 +111,6 @@ class JobWorker:
             if self.standing_by:
                 log.info("job=%s lock taken over; running", self.name)
                 self.standing_by = False
-            if self.pending is not None:  # a reloaded config: from this tick on
-                self._take(self.pending)
             self.runner.fence = self.lock.fence  # a new epoch whenever the lock was taken anew
             try:
                 self._run()
@@ -133,17 +134,23 @@ class JobWorker:
             self._failed(e)
 
     def _run(self) -> None:
-        runner = self.runner
-        if not self.checked:
-            runner.check()
-            runner.sync_subscriptions()
-            self.checked = True
-        waiting = None
-        for queue in runner.sources:
-            if self.stopping.is_set():
-                return
-            waiting = runner.drain(queue, should_stop=self.stopping.is_set, before_pass=self._confirm_lock).waiting
-            if waiting is not None:
+        while True:
+            if self.pending is not None:  # a reloaded config, from the next batch on
+                self._take(self.pending)
+            runner = self.runner
+            if not self.checked:
+                runner.check()
+                runner.sync_subscriptions()
+                self.checked = True
+            waiting = None
+            for queue in runner.sources:
+                if self.stopping.is_set():
+                    return
+                waiting = runner.drain(queue, on_pass=self._passed, should_stop=self._should_yield,
+                                       before_pass=self._confirm_lock).waiting
+                if waiting is not None or self.pending is not None:
+                    break
+            if self.pending is None or self.stopping.is_set():
                 break
         if waiting != self.waiting:  # one line per change, not one per tick
             if waiting is not None:
@@ -153,6 +160,14 @@ class JobWorker:
             self.waiting = waiting
         if self.clock() >= self.prune_at and not self.stopping.is_set():
             self._prune()
+
+    def _should_yield(self) -> bool:
+        """A drain stops after the batch in flight: the process stops, or a reloaded config is
+        waiting (its rate, batch size and mapping then apply from the next batch, not the next tick)."""
+        return self.stopping.is_set() or self.pending is not None
+
+    def _passed(self, stats: Any) -> None:
+        self.last_success = time.time()  # a committed batch: the job is alive, however long its backlog
 
     def _prune(self) -> None:
         """Ledger entries that can no longer matter, a bounded number per round (bridge.lifecycle.prune)."""
@@ -271,6 +286,10 @@ class Scheduler:
                 return False
             built[w.name] = new
         for w in self.workers:
+            if built[w.name].job.schedule != w.runner.job.schedule:
+                self.scheduler.reschedule_job(w.name, trigger=trigger_for(built[w.name].job))
+                log.info("job=%s rescheduled (%s)", w.name, _describe(built[w.name].job))
+                w.allowance = readiness_allowance(built[w.name].job)
             if w.stopped_reason:  # it ticks no more: it takes the new config now, and runs again
                 w._take(built[w.name])
             else:

@@ -5,6 +5,7 @@ slowly."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -342,6 +343,42 @@ def test_sighup_applies_a_valid_config_from_the_next_batch_and_refuses_a_broken_
         b.insert(b.ready(4, start=20))
         wait_for("rows under the new mapping", lambda: b.count("Sales") == 4, proc=proc)
         assert b.count("Orders") == 5
+    finally:
+        assert stop(proc, log) == 0, str(log)
+    assert b.cli("verify") == 0
+    b.dispose()
+
+
+def test_a_reload_applies_within_a_long_drain_and_reschedules(tmp_path: Path) -> None:
+    """A throttled backlog is one long tick: a reload's rate applies from the next batch, not
+    once the backlog is gone; a new schedule is the job's next trigger; and a drain under way
+    keeps the process ready (each committed batch counts as progress)."""
+    from tests.service.test_metrics import _free_port
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", schedule='every = "1h"',
+               batch_size=1000, extra='max_rate = "4/s"\n')
+    assert b.cli("init") == 0
+    b.insert(b.ready(200))  # 50 s at 4/s
+    port = _free_port()
+    proc, log = run(b, "--listen", f"127.0.0.1:{port}")
+    try:
+        wait_for("the drain under way", lambda: b.count("Orders") >= 8, proc=proc)
+        code, why = _get(f"http://127.0.0.1:{port}/readyz")
+        assert code == 200, f"not ready amid its first drain: {why}"
+        b.extra = 'max_rate = "fast"\n'
+        b.write_config()
+        proc.send_signal(signal.SIGHUP)
+        wait_for("the refusal", lambda: log.has("reload refused"), proc=proc)
+        assert any("'fast' is not a rate" in line for line in log.lines if "reload refused" in line), str(log)
+        b.schedule, b.extra = 'every = "2s"', 'max_rate = "500/s"\n'
+        b.write_config()
+        proc.send_signal(signal.SIGHUP)
+        began = time.monotonic()
+        wait_for("the backlog at the new rate", lambda: b.count("Orders") == 200, proc=proc, timeout=30)
+        assert time.monotonic() - began < 15, "the reloaded rate waited for the old drain to end"
+        assert log.has("rescheduled (every 2s)"), str(log)
+        b.insert(b.ready(3, start=1000))  # under `every = "1h"` these would wait an hour
+        wait_for("rows on the new schedule", lambda: b.count("Orders") == 203, proc=proc, timeout=20)
     finally:
         assert stop(proc, log) == 0, str(log)
     assert b.cli("verify") == 0

@@ -1,6 +1,6 @@
 """`qbridge reload -c CONFIG`: checks the config, then has every `qbridge run` of it on this
-host re-read it (SIGHUP). Processes are found by their command line in /proc (Linux); a job
-held by a process on another host is named, with the command to run there."""
+host re-read it (SIGHUP). Processes are found by their command line in /proc (Linux); those on
+other hosts are not seen: run it there too (or `kill -HUP` them)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,22 @@ def runs_of(config: Path) -> list[int]:
             continue  # gone meanwhile, or not ours to read
         if "run" not in argv or not any("bridge" in a or "qbridge" in a for a in argv[:3]):
             continue
-        for flag in ("-c", "--config"):
-            if flag in argv[:-1] and (cwd / argv[argv.index(flag) + 1]).resolve() == wanted:
-                found.append(int(entry.name))
-                break
+        if any((cwd / p).resolve() == wanted for p in _config_paths(argv)):
+            found.append(int(entry.name))
     return sorted(found)
+
+
+def _config_paths(argv: list[str]) -> list[str]:
+    """What a command line gives as its config: `-c P`, `--config P`, `--config=P` or `-cP`."""
+    paths = []
+    for i, a in enumerate(argv):
+        if a in ("-c", "--config") and i + 1 < len(argv):
+            paths.append(argv[i + 1])
+        elif a.startswith("--config="):
+            paths.append(a.split("=", 1)[1])
+        elif a.startswith("-c") and len(a) > 2 and not a.startswith("--"):
+            paths.append(a[2:])
+    return [p for p in paths if p]
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
@@ -44,12 +55,23 @@ def cmd_reload(args: argparse.Namespace) -> int:
     if not hasattr(signal, "SIGHUP") or not Path("/proc").is_dir():
         raise UsageError("qbridge reload finds `qbridge run` processes through /proc (Linux); here, send SIGHUP to "
                          "each one yourself")
+    signalled, refused = [], []
     for pid in pids:
-        os.kill(pid, signal.SIGHUP)
+        try:
+            os.kill(pid, signal.SIGHUP)
+            signalled.append(pid)
+        except ProcessLookupError:
+            pass  # it ended meanwhile
+        except PermissionError:
+            refused.append(pid)
+    if refused:
+        err.print(f"not allowed to signal pid {', '.join(map(str, refused))} (another user's qbridge run): run "
+                  f"`qbridge reload` as that user, or `kill -HUP` as root", markup=False, highlight=False)
+    pids = signalled
     host = socket.gethostname()
     if pids:
         out.print(f"config {path} is valid; asked {len(pids)} qbridge run process(es) on {host} to reload it (pid "
                   f"{', '.join(map(str, pids))}); each logs what it applied or refused", markup=False, highlight=False)
     else:
         err.print(f"config {path} is valid, but no `qbridge run -c {path}` runs on {host}", markup=False, highlight=False)
-    return 0 if pids else 1
+    return 0 if pids and not refused else 1

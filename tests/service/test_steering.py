@@ -383,3 +383,13 @@ def test_a_reload_applies_within_a_long_drain_and_reschedules(tmp_path: Path) ->
         assert stop(proc, log) == 0, str(log)
     assert b.cli("verify") == 0
     b.dispose()
+
+
+def test_reload_finds_a_run_by_every_spelling_of_its_config_flag() -> None:
+    from bridge.commands.reload import _config_paths
+
+    assert _config_paths(["qbridge", "run", "-c", "a.toml"]) == ["a.toml"]
+    assert _config_paths(["python3", "-m", "bridge", "run", "--config", "b.toml"]) == ["b.toml"]
+    assert _config_paths(["qbridge", "run", "--config=c.toml", "--listen", "127.0.0.1:9"]) == ["c.toml"]
+    assert _config_paths(["qbridge", "run", "-cd.toml"]) == ["d.toml"]
+    assert _config_paths(["qbridge", "run", "-c"]) == []

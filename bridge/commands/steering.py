@@ -11,6 +11,7 @@ import orjson
 from bridge.commands.common import out, runners_of
 from bridge.errors import UsageError
 from bridge.lifecycle.quarantine import operator
+from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner
 
 log = logging.getLogger("qbridge.steer")
@@ -59,12 +60,13 @@ def unpaused(runners: list[JobRunner], even_if_paused: bool, attempts: int) -> l
 
     keep = []
     for r in runners:
-        steering = with_backoff(r.steering, f"job {r.job.name}: reading whether it is paused", attempts=attempts)
-        if steering.paused and not even_if_paused:
-            log.warning("%s; skipped (`--even-if-paused` runs it anyway)", steering.paused_line())
-            continue
-        if steering.paused:
-            log.warning("%s; running it anyway (--even-if-paused)", steering.paused_line())
-            r.even_if_paused = True
+        with about(r.job.name):  # its retries' and skip's log lines are the job's
+            steering = with_backoff(r.steering, f"job {r.job.name}: reading whether it is paused", attempts=attempts)
+            if steering.paused and not even_if_paused:
+                log.warning("%s; skipped (`--even-if-paused` runs it anyway)", steering.paused_line())
+                continue
+            if steering.paused:
+                log.warning("%s; running it anyway (--even-if-paused)", steering.paused_line())
+                r.even_if_paused = True
         keep.append(r)
     return keep

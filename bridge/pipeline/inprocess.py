@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner, PassStats
 from bridge.pipeline.stats import key_chunks
 from bridge.retry import with_backoff
@@ -36,9 +37,10 @@ def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5)
     plans = []
     for runner in runners:
         name = runner.job.name
-        with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
-        with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
-        plans.append((runner, with_backoff(lambda r=runner: backlog(r), f"job {name}: counting rows", attempts=attempts)))
+        with about(name):  # the retries' lines are this job's
+            with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
+            with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
+            plans.append((runner, with_backoff(lambda r=runner: backlog(r), f"job {name}: counting rows", attempts=attempts)))
     totals: list[PassStats] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
@@ -52,8 +54,9 @@ def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5)
                     progress.update(task, advance=stats.read)
 
                 # Each pass commits, so a retry after a failure resumes where it stopped.
-                drained = with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}",
-                                       attempts=attempts, progress=lambda r=runner: r.passes_done)
+                with about(runner.job.name, queue):
+                    drained = with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}",
+                                           attempts=attempts, progress=lambda r=runner: r.passes_done)
                 if drained.waiting:
                     log.info("queue %s not drained: %s", queue, drained.waiting)
                     done.waiting = drained.waiting

@@ -17,6 +17,7 @@ from bridge import faults, tracing
 from bridge.ledger import giveback
 from bridge.retry import RETRIES
 from bridge.pipeline.batch import Batch
+from bridge.pipeline.logcontext import about
 from bridge.pipeline.job import LedgerConflict
 from bridge.ledger.gaps import Gap, expire, fill, holes
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
@@ -33,7 +34,7 @@ class Passes(Batch):
 
     def run_pass(self, queue: str) -> PassStats:
         with tracing.span("qbridge.batch", job=self.job.name, queue=queue, mode=self.job.mode,
-                          retries=RETRIES.get() or None) as s:
+                          retries=RETRIES.get() or None) as s, about(self.job.name, queue):
             stats = self._run_pass(queue)
             tracing.counts(s, stats)
             return stats
@@ -233,7 +234,7 @@ class Passes(Batch):
     def drain(self, queue: str, on_pass=None, should_stop=lambda: False, before_pass=lambda: None) -> PassStats:
         """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
         runs before each (`qbridge run` checks there that it still holds the job)."""
-        with tracing.span("qbridge.drain", job=self.job.name, queue=queue) as s:
+        with tracing.span("qbridge.drain", job=self.job.name, queue=queue) as s, about(self.job.name, queue):
             total = self._drain(queue, on_pass, should_stop, before_pass)
             tracing.counts(s, total)
             if total.waiting:

@@ -29,7 +29,7 @@ from bridge.pipeline.planner_stats import LedgerStats
 from bridge.config import Config
 from bridge.errors import BridgeError, LockLost, MigrationFailed
 from bridge.ledger.fence import Fence
-from bridge.pipeline import gc_policy
+from bridge.pipeline import gc_policy, logcontext
 # spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
 from bridge.pipeline.spark_context import TASK_ATTEMPTS, _jvm, local_slots, spark_context, stop_spark  # noqa: F401
 from bridge.ledger.gaps import Gap
@@ -150,6 +150,8 @@ def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None,
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
+    if ctx is not None:
+        logcontext.for_spark_task()
     faults.attempt = ctx.attemptNumber() if ctx is not None else None
     runner = _RUNNERS.get(unit.job)
     if runner is None:
@@ -160,25 +162,26 @@ def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None,
     runner.even_if_paused = unit.job in even_if_paused
     fence = (fences or {}).get(unit.job)
     runner.fence = None if fence is None else Fence(runner.state.jobs, unit.job, *fence)
-    try:
-        with tracing.span("qbridge.unit", parent=unit.trace, job=unit.job, queue=unit.queue, unit=unit.index,
-                          attempt=faults.attempt) as s:
-            if unit.sliced:
-                result: RangeResult = runner.run_slice(unit.queue, unit.after, unit.upto)
-            elif unit.keys is not None:
-                result = runner.run_keys(unit.queue, list(unit.keys))
-            else:
-                assert unit.upto is not None
-                result = runner.run_range(unit.queue, unit.after, unit.upto)
-            tracing.counts(s, result.stats)
-        tracing.flush()  # a Python worker may be stopped before the SDK's thread sends them
-    except Exception as e:
-        reason = str(getattr(e, "orig", None) or e).strip().splitlines()
-        what = f"keys {unit.keys[0]}..{unit.keys[-1]}" if unit.keys else f"{'slice' if unit.sliced else 'ids'} {unit.after}..{unit.upto}"
-        # Spark retries the task; what its batches committed stays in the ledger.
-        log.warning("job=%s queue=%s %s: attempt %d failed: %s: %s", unit.job, unit.queue, what,
-                    (faults.attempt or 0) + 1, type(e).__name__, reason[0] if reason else "")
-        raise
+    with logcontext.about(unit.job, unit.queue):
+        try:
+            with tracing.span("qbridge.unit", parent=unit.trace, job=unit.job, queue=unit.queue, unit=unit.index,
+                              attempt=faults.attempt) as s:
+                if unit.sliced:
+                    result: RangeResult = runner.run_slice(unit.queue, unit.after, unit.upto)
+                elif unit.keys is not None:
+                    result = runner.run_keys(unit.queue, list(unit.keys))
+                else:
+                    assert unit.upto is not None
+                    result = runner.run_range(unit.queue, unit.after, unit.upto)
+                tracing.counts(s, result.stats)
+            tracing.flush()  # a Python worker may be stopped before the SDK's thread sends them
+        except Exception as e:
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+            what = f"keys {unit.keys[0]}..{unit.keys[-1]}" if unit.keys else f"{'slice' if unit.sliced else 'ids'} {unit.after}..{unit.upto}"
+            # Spark retries the task; what its batches committed stays in the ledger.
+            log.warning("job=%s queue=%s %s: attempt %d failed: %s: %s", unit.job, unit.queue, what,
+                        (faults.attempt or 0) + 1, type(e).__name__, reason[0] if reason else "")
+            raise
     return unit.index, result.stats, result.gaps
 
 
@@ -216,8 +219,9 @@ def _run_spark(config: Config, runners: list[JobRunner], console: Console, maste
     try:
         for runner in runners:
             name = runner.job.name
-            with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
-            with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
+            with logcontext.about(name):  # the retries' lines are this job's
+                with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
+                with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
         local = local_slots(master)
         if local is not None:
             plans, units = _plan(runners, unit_rows, attempts, local)
@@ -237,7 +241,9 @@ def _run_spark(config: Config, runners: list[JobRunner], console: Console, maste
         if local is None:  # a cluster: plan for the task slots it has
             plans, units = _plan(runners, unit_rows, attempts, max(1, int(sc.defaultParallelism)))
         sc.setLogLevel("ERROR")
-        if sc.uiWebUrl:
+        if sc.uiWebUrl and logcontext.chosen_format() == "json":  # a log pipeline reads only JSON lines
+            log.info("Spark UI: %s  (master %s)", sc.uiWebUrl, sc.master)
+        elif sc.uiWebUrl:
             console.print(f"Spark UI: {sc.uiWebUrl}  (master {sc.master})", markup=False, highlight=False)
         planned = time.monotonic() - began
         slots = sc.defaultParallelism

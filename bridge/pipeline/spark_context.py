@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from bridge.pipeline import class_archive
+from bridge.pipeline import class_archive, logcontext
 from bridge.pipeline.cpus import usable_cpus
 
 log = logging.getLogger("qbridge.migrate")
@@ -51,6 +51,7 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
         ("spark.python.daemon.module", "bridge.pipeline.spark_daemon"),
         ("spark.executorEnv.PYTHONHASHSEED", "0"),
         *((f"spark.executorEnv.{n}", v) for n, v in os.environ.items() if n.startswith("QBRIDGE_FAULT")),
+        *((f"spark.executorEnv.{n}", v) for n, v in logcontext.executor_env().items()),  # --log-format, for tasks' lines
     ])
     if master is not None:
         slots = local_slots(master)

@@ -7,12 +7,20 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from bridge.commands.common import err, out, runners_of
@@ -22,6 +30,7 @@ from bridge.timefmt import naive_utc, parse_duration, utcnow
 
 NO_REASON = "(no reason given)"
 SUMMARY_ABOVE = 50  # results of replay/discard listed one by one up to this many, then summed up
+PROGRESS_EVERY = 10.0  # seconds between progress lines of a replay or discard without a terminal
 
 
 def selection(args: argparse.Namespace) -> QuarantineFilter:
@@ -123,6 +132,26 @@ def _replay_edited(args: argparse.Namespace) -> int:
     return _settled(args, actor, results)
 
 
+class _Tally:
+    """What a replay or discard did, in bounded memory: counts by (job, queue, did, now), how many
+    failed again, and the outcomes themselves only as many as are shown one by one (or all, for
+    --json or --id, which asked for each)."""
+
+    def __init__(self, keep_all: bool) -> None:
+        self.keep_all = keep_all
+        self.kept: list = []
+        self.counts: Counter = Counter()
+        self.n = 0
+        self.failed = 0
+
+    def add(self, o) -> None:
+        self.n += 1
+        self.failed += o.action == "replay-failed"
+        self.counts[(o.job, o.queue, o.action, o.outcome)] += 1
+        if self.keep_all or len(self.kept) <= SUMMARY_ABOVE:
+            self.kept.append(o)
+
+
 def _quarantine_settle(args: argparse.Namespace) -> int:
     from bridge.lifecycle.quarantine import QuarantineDesk, operator
 
@@ -130,56 +159,84 @@ def _quarantine_settle(args: argparse.Namespace) -> int:
     actor = (args.by or "").strip() or operator()
     where = selection(args)
     stop = threading.Event()
-    results = []
+    tally = _Tally(keep_all=bool(args.json or args.ids))
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # the message in hand commits, then it stops
     try:
         for r in runners:
             with r.target_engine.connect() as conn:
                 total = sum(g["count"] for g in r.state.failure_groups(conn, r.job.name, where)) if not args.ids else len(args.ids)
             desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
+            act = desk.replay if args.action == "replay" else desk.discard
+            label = f"{args.action} {r.job.name}"
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
-                task = progress.add_task(f"{args.action} {r.job.name}", total=max(total, 1))
-                act = desk.replay if args.action == "replay" else desk.discard
-                results += act(args.ids, where or None, on_each=lambda o, t=task: progress.advance(t), should_stop=stop.is_set)
+                task = progress.add_task(label, total=max(total, 1))
+                said = _ProgressLines(label, total, enabled=not err.is_terminal)
+
+                def each(o, t=task, said=said) -> None:
+                    tally.add(o)
+                    progress.advance(t)
+                    said.advance()
+
+                act(args.ids, where or None, on_each=each, should_stop=stop.is_set, keep=False)
             if stop.is_set():
                 break
     finally:
         signal.signal(signal.SIGINT, previous)
     if stop.is_set():
-        err.print(f"qbridge: stopped after {len(results):,} message(s); what was done stays done: run the same command "
+        err.print(f"qbridge: stopped after {tally.n:,} message(s); what was done stays done: run the same command "
                   "again to go on with the rest", markup=False, highlight=False)
-    return _settled(args, actor, results, stopped=stop.is_set())
+    return _settled(args, actor, tally, stopped=stop.is_set())
 
 
-def _settled(args: argparse.Namespace, actor: str, results: list, stopped: bool = False) -> int:
+class _ProgressLines:
+    """Progress where no terminal shows a bar (a log, systemd's journal): a line at most every
+    PROGRESS_EVERY seconds, so a long replay says how far it got without a line a message."""
+
+    def __init__(self, label: str, total: int, enabled: bool) -> None:
+        self.label, self.total, self.enabled = label, total, enabled
+        self.done = 0
+        self.next_at = time.monotonic() + PROGRESS_EVERY
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.enabled and time.monotonic() >= self.next_at:
+            self.next_at = time.monotonic() + PROGRESS_EVERY
+            err.print(f"qbridge: {self.label}: {self.done:,} of {self.total:,} messages", markup=False, highlight=False)
+
+
+def _settled(args: argparse.Namespace, actor: str, results: _Tally | list, stopped: bool = False) -> int:
     """What replay or discard did, as a table or JSON (a summary by outcome beyond SUMMARY_ABOVE
     messages); 1 if any failed or was not found, 130 if it was stopped."""
-    missing = _not_in_quarantine(args.ids, {o.message_id for o in results})
+    if isinstance(results, list):
+        tally = _Tally(keep_all=True)
+        for o in results:
+            tally.add(o)
+    else:
+        tally = results
+    missing = _not_in_quarantine(args.ids, {o.message_id for o in tally.kept})
     if args.json:
-        sys.stdout.write(orjson.dumps({"actor": actor, "stopped": stopped, "results": [o.as_dict() for o in results]}).decode() + "\n")
-    elif len(results) > SUMMARY_ABOVE:
-        t = Table(title=f"qbridge quarantine {args.action} (by {actor}): {len(results):,} messages")
+        sys.stdout.write(orjson.dumps({"actor": actor, "stopped": stopped, "results": [o.as_dict() for o in tally.kept]}).decode() + "\n")
+    elif tally.n > SUMMARY_ABOVE:
+        t = Table(title=f"qbridge quarantine {args.action} (by {actor}): {tally.n:,} messages")
         for col in ("job", "queue", "did", "now", "messages"):
             t.add_column(col, justify="right" if col == "messages" else "left")
-        for (job, queue, did, now), n in sorted(Counter((o.job, o.queue, o.action, o.outcome) for o in results).items()):
+        for (job, queue, did, now), n in sorted(tally.counts.items()):
             t.add_row(job, queue, did, now, f"{n:,}")
         out.print(t)
-        failed = [o for o in results if o.action == "replay-failed"]
-        if failed:
-            out.print(f"{len(failed):,} failed again and stay quarantined; `qbridge quarantine groups` shows their reasons now",
+        if tally.failed:
+            out.print(f"{tally.failed:,} failed again and stay quarantined; `qbridge quarantine groups` shows their reasons now",
                       markup=False, highlight=False)
     else:
         t = Table(title=f"qbridge quarantine {args.action}{' (edited)' if args.edited else ''} (by {actor})")
         for col in ("job", "queue", "message id", "did", "now", "detail"):
             t.add_column(col)
-        for o in results:
+        for o in tally.kept:
             t.add_row(o.job, o.queue, o.message_id, o.action, o.outcome, o.detail)
         out.print(t)
-    failed = [o for o in results if o.action == "replay-failed"]
     if stopped:
         return 130
-    return 1 if failed or missing else 0
+    return 1 if tally.failed or missing else 0
 
 
 def _groups(args: argparse.Namespace, where: QuarantineFilter) -> int:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import getpass
 import logging
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -24,13 +24,13 @@ import sqlalchemy as sa
 
 from bridge import faults, tracing
 from bridge.db import unique_violation
-from bridge.model import message_id_for, queue_origin
-from bridge.pipeline.loop import JobRunner
 from bridge.ledger.failure_groups import group_of
 from bridge.ledger.state import QuarantineFilter, State
+from bridge.ledger.totals import counted
+from bridge.model import message_id_for, queue_origin
+from bridge.pipeline.loop import JobRunner
 from bridge.targets.base import Skipped
 from bridge.timefmt import UTC, naive_utc, utcnow
-from bridge.ledger.totals import counted
 
 log = logging.getLogger("qbridge.quarantine")
 PAGE = 500  # quarantined rows (with their raw rows) read at a time by replay and discard
@@ -79,32 +79,39 @@ class QuarantineDesk:
         self.state.audit.create(runner.target_engine, checkfirst=True)  # a database set up before the audit trail existed
 
     def replay(self, ids: list[str] | None, where: QuarantineFilter | None = None,
-               on_each: Callable[[Outcome], None] = lambda o: None, should_stop: Callable[[], bool] = lambda: False
-               ) -> list[Outcome]:
+               on_each: Callable[[Outcome], None] = lambda o: None, should_stop: Callable[[], bool] = lambda: False,
+               keep: bool = True) -> list[Outcome]:
         """Each message `ids` or `where` names, one target transaction each, a page of PAGE read
         at a time; `should_stop` is asked between messages (a stopped replay is resumed by
         running it again: what was replayed has left the quarantine)."""
-        return self._each(ids, where, self._replay_one, on_each, should_stop)
+        return self._each(ids, where, self._replay_one, on_each, should_stop, keep)
 
     def _each(self, ids: list[str] | None, where: QuarantineFilter | None, act: Callable[[dict[str, Any]], Outcome],
-              on_each: Callable[[Outcome], None], should_stop: Callable[[], bool]) -> list[Outcome]:
+              on_each: Callable[[Outcome], None], should_stop: Callable[[], bool], keep: bool) -> list[Outcome]:
+        """The outcomes (none kept with `keep=False`: a group of a million is settled in bounded
+        memory, its outcomes seen one by one through `on_each`)."""
         name = "qbridge.quarantine.replay" if act == self._replay_one else "qbridge.quarantine.discard"
         with tracing.span(name, job=self.runner.job.name, group=where.group if where else None, actor=self.actor) as s:
-            out = self._each_page(ids, where, act, on_each, should_stop)
-            s.set_attributes({"qbridge.messages": len(out),
-                              "qbridge.failed_again": sum(1 for o in out if o.action == "replay-failed")})
-            return out
+            out: list[Outcome] = []
+            counted = [0, 0]  # messages, failed again
 
-    def _each_page(self, ids: list[str] | None, where: QuarantineFilter | None, act: Callable[[dict[str, Any]], Outcome],
-                   on_each: Callable[[Outcome], None], should_stop: Callable[[], bool]) -> list[Outcome]:
-        out = []
-        for page in self._pages(ids, where):
-            for q in page:
-                if should_stop():
-                    return out
-                out.append(act(q))
-                on_each(out[-1])
-        return out
+            def seen(o: Outcome) -> None:
+                counted[0] += 1
+                counted[1] += o.action == "replay-failed"
+                if keep:
+                    out.append(o)
+                on_each(o)
+
+            for page in self._pages(ids, where):
+                for q in page:
+                    if should_stop():
+                        break
+                    seen(act(q))
+                else:
+                    continue
+                break
+            s.set_attributes({"qbridge.messages": counted[0], "qbridge.failed_again": counted[1]})
+            return out
 
     def _pages(self, ids: list[str] | None, where: QuarantineFilter | None) -> Iterator[list[dict[str, Any]]]:
         """The rows picked, oldest first, PAGE at a time (keyset paging: a row that fails again
@@ -142,9 +149,9 @@ class QuarantineDesk:
         return out
 
     def discard(self, ids: list[str] | None, where: QuarantineFilter | None = None,
-                on_each: Callable[[Outcome], None] = lambda o: None, should_stop: Callable[[], bool] = lambda: False
-                ) -> list[Outcome]:
-        return self._each(ids, where, self._discard_one, on_each, should_stop)
+                on_each: Callable[[Outcome], None] = lambda o: None, should_stop: Callable[[], bool] = lambda: False,
+                keep: bool = True) -> list[Outcome]:
+        return self._each(ids, where, self._discard_one, on_each, should_stop, keep)
 
     def _discard_one(self, q: dict[str, Any]) -> Outcome:
         with self.runner.target_engine.connect() as tconn, tconn.begin():

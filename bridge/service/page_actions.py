@@ -147,13 +147,18 @@ class PageActions:
         try:
             desk = QuarantineDesk(worker.runner, op.actor, why)
             act = desk.replay if op.action == "replay" else desk.discard
-            act(None, where, on_each=each)
-            with worker.runner.target_engine.begin() as conn:
-                worker.runner.state.steering.record(conn, worker.name, f"{op.action}ed group", op.actor, why,
-                                                    f"group {op.group}: {op.done:,} messages, {op.failed:,} failed again")
+            act(None, where, on_each=each, keep=False)
         except Exception as e:  # noqa: BLE001 - said on the page and in the log; what was done stays done
             op.error = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
             log.warning("job=%s %s of group %s stopped: %s", op.job, op.action, op.group, op.error)
+        try:  # audited however it ended: what a stopped one did stays done
+            detail = f"group {op.group}: {op.done:,} messages, {op.failed:,} failed again"
+            with worker.runner.target_engine.begin() as conn:
+                worker.runner.state.steering.record(conn, worker.name, f"{op.action}ed group", op.actor, why,
+                                                    detail + (f"; stopped: {op.error}" if op.error else ""))
+        except Exception as e:  # noqa: BLE001 - each message's own audit row is written with it already
+            log.warning("job=%s the audit row of the %s of group %s was not written: %s", op.job, op.action, op.group,
+                        str(getattr(e, "orig", None) or e).strip().splitlines()[0])
         finally:
             op.finished = True
 

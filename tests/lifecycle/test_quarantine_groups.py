@@ -117,3 +117,46 @@ def test_init_groups_what_an_earlier_qbridge_quarantined(make) -> None:
     assert len(groups) == 1 and groups[0][1] == 30 and groups[0][0] == group_of("job1", "MQueue3", reason)
     assert "ix_qbridge_quarantine_group" in indexes
     assert b.cli("sync", "--once") == 0
+
+
+def test_discard_by_group_and_since_with_progress_lines_where_no_terminal_shows_a_bar(tmp_path, monkeypatch,
+                                                                                      capsys) -> None:
+    """`--since` picks the newer part of a group, `discard --group` gives it up, and without a
+    terminal (a log, the journal) the progress comes as lines, not a line a message."""
+    from datetime import UTC, datetime
+
+    import bridge.commands.quarantine as quarantine_command
+    from bridge.commands.main import main as cli_main
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", queues=["MQueue3"],
+               mapping=NO_CATCH_ALL, batch_size=100)
+    assert b.cli("init") == 0
+    seed(b, "MQueue3", 60)
+    assert b.cli("sync", "--once") == 0
+    time.sleep(1.1)
+    cut = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    time.sleep(1.1)
+    seed(b, "MQueue3", 40)
+    assert b.cli("sync", "--once") == 0
+    capsys.readouterr()
+    assert cli_main(["quarantine", "groups", "--json", "-c", str(b.config)]) == 0
+    [group] = json.loads(capsys.readouterr().out)["jobs"][0]["groups"]
+    assert group["count"] == 100
+    assert cli_main(["quarantine", "list", "--json", "--since", cut, "-c", str(b.config)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["jobs"][0]["quarantined"]) == 40
+
+    monkeypatch.setattr(quarantine_command, "PROGRESS_EVERY", 0.0)
+    assert cli_main(["quarantine", "discard", "--group", group["group"], "--since", cut, "--why", "stale test orders",
+                     "--by", "frank", "-c", str(b.config)]) == 0
+    said = capsys.readouterr()
+    assert said.out.count("discarded by frank: stale test orders") == 40, said.out  # each shown: 40 <= 50
+    lines = [ln for ln in said.err.splitlines() if ln.startswith("qbridge: discard job1:")]
+    assert lines[-1] == "qbridge: discard job1: 40 of 40 messages", said.err
+    assert b.ledger()["quarantined"] == 60
+    assert cli_main(["quarantine", "groups", "--json", "-c", str(b.config)]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"][0]["groups"][0]["count"] == 60
+    assert cli_main(["quarantine", "discard", "--group", group["group"], "--why", "the rest", "-c", str(b.config)]) == 0
+    said = capsys.readouterr()
+    assert "60 messages" in said.out, said.out  # summed up beyond 50
+    assert b.ledger()["quarantined"] == 0
+    b.dispose()

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bridge.errors import UsageError
-from bridge.listen import is_loopback, parse_listen
+from bridge.listen import is_loopback, loopback_host, parse_listen
 from bridge.service.status_cache import StatusCache
 from bridge.service.page_actions import PageActions
 from bridge.service.statuspage import History, render
@@ -152,6 +152,12 @@ class MetricsServer:
                 start_response("503 Service Unavailable" if why else "200 OK",
                                [("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store")])
                 return [(why or "ok").encode() + b"\n"]
+            if not self.token and not loopback_host(environ.get("HTTP_HOST")):
+                # Open without a token only to this host's own names: a page of another site whose
+                # name was re-pointed at 127.0.0.1 (DNS rebinding) must not read the page or post to it.
+                start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8")])
+                return [f"refused: Host {environ.get('HTTP_HOST')!r} is not a loopback name; open "
+                        f"http://{listen}/ (or set {TOKEN_ENV})\n".encode()]
             if not self._authorized(environ):
                 start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
                 return [b"a token is required\n"]

@@ -103,6 +103,35 @@ def test_a_token_is_required_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
         server.stop()
 
 
+def test_without_a_token_only_loopback_names_are_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site whose name was re-pointed at 127.0.0.1 (DNS rebinding) reaches the listener with its
+    own name in Host: without a token it reads nothing and posts nothing; the probes still answer."""
+    from bridge.service.metrics import MetricsServer
+
+    monkeypatch.delenv("QBRIDGE_TOKEN", raising=False)
+    server = MetricsServer("127.0.0.1:0", [])
+    server.start()
+    port = server.server.server_address[1]
+
+    def get(path: str, host: str, method: str = "GET") -> int:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Host": host}, method=method,
+                                         data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
+            assert get("/", host) == 200 and get("/metrics", host) == 200
+        for path, method in (("/", "GET"), ("/status.json", "GET"), ("/metrics", "GET"), ("/actions/pause", "POST")):
+            assert get(path, f"rebound.example:{port}", method) == 403, path
+        assert get("/healthz", f"rebound.example:{port}") == 200
+    finally:
+        server.stop()
+
+
 def test_alert_rules_are_a_prometheus_rule_file_on_our_metrics() -> None:
     from pathlib import Path
 

@@ -28,6 +28,7 @@ from bridge.config import JobConfig
 from bridge.db import is_retryable
 from bridge.errors import BridgeError
 from bridge.ledger.joblock import JobLock, LockLost
+from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner
 from bridge.timefmt import parse_duration
 
@@ -100,6 +101,10 @@ class JobWorker:
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
+        with about(self.name):  # the lock, back-off and failure lines carry the job (JSON logs)
+            self._tick()
+
+    def _tick(self) -> None:
         if self.stopped_reason or self.stopping.is_set() or self.clock() < self.retry_at:
             return
         try:

@@ -350,6 +350,14 @@ def load_config(path: str | Path) -> Config:
         if mapping_path is None:
             raise ConfigError(str(path), [f"jobs[{i}].mapping: file {job.mapping!r} not found (looked beside the config file and in the current directory)"])
         mappings[job.name] = load_mapping(mapping_path)
+        limits = job.max_target_depth
+        if isinstance(limits, dict) and not job.reverse:
+            routed = set(mappings[job.name].target_queues())
+            unknown = sorted(set(limits) - routed - {"*"})
+            if unknown:  # a misspelt queue would leave the real one without its limit, silently
+                raise ConfigError(str(path), [
+                    f"jobs[{i}].max_target_depth: {', '.join(map(repr, unknown))} is no queue the mapping routes to "
+                    f"(its queues: {', '.join(sorted(routed)) or 'none'}; \"*\" means every other)"])
     return Config(path, data, mappings)
 
 

@@ -393,3 +393,21 @@ def test_reload_finds_a_run_by_every_spelling_of_its_config_flag() -> None:
     assert _config_paths(["qbridge", "run", "--config=c.toml", "--listen", "127.0.0.1:9"]) == ["c.toml"]
     assert _config_paths(["qbridge", "run", "-cd.toml"]) == ["d.toml"]
     assert _config_paths(["qbridge", "run", "-c"]) == []
+
+
+def test_a_depth_limit_per_destination_queue_and_a_misspelt_one_refused(tmp_path: Path) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", queues=["MQueue1", "MQueue2"],
+               batch_size=10, extra='max_target_depth = { Orders = 20, "*" = 1000 }\n')
+    assert b.cli("init") == 0
+    b.insert(b.ready(50, queue="MQueue2"), queue="MQueue2")
+    b.insert(b.ready(50))
+    assert b.cli("sync", "--once") == 0
+    assert b.count("Orders") == 20, "Orders' own limit"
+    assert status(b)["steering"]["held"] == "Orders holds 20 of 20"
+    b.extra = 'max_target_depth = { Order = 20, "*" = 1000 }\n'
+    b.write_config()
+    r = qbridge(b, "sync", "--once")
+    assert r.returncode == 2, r.stderr
+    said = " ".join(r.stderr.split())  # rich folds long lines
+    assert "jobs[0].max_target_depth: 'Order' is no queue the mapping routes to" in said and "Orders" in said, said
+    b.dispose()

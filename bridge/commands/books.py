@@ -108,6 +108,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     _, runners = runners_of(args)
     rows = [status(r) for r in runners]
+    if args.history:
+        for runner, row in zip(runners, rows):
+            row["steering_history"] = steering_history(runner, args.history)
     if args.json:
         sys.stdout.write(orjson.dumps({"jobs": rows}).decode() + "\n")
         return 0
@@ -127,7 +130,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     for r in rows:
         if r["source_error"]:
             out.print(f"job {r['job']}: legacy database unreachable, backlog unknown: {r['source_error']}", markup=False)
+    for r in rows:
+        if args.history:
+            h = Table(title=f"job {r['job']}: steering history, newest first")
+            for col in ("at (UTC)", "action", "by", "why", "detail"):
+                h.add_column(col)
+            for a in r["steering_history"]:
+                h.add_row(a["at"], a["action"], a["actor"], a["why"] or "", a["detail"] or "")
+            out.print(h)
     return 0
+
+
+def steering_history(runner, limit: int) -> list[dict]:
+    """The job's newest `limit` steering actions ([] on a target without the table: nothing was steered)."""
+    book = runner.state.steering
+    with runner.target_engine.connect() as conn:
+        if not book.present(conn):
+            return []
+        return [{"at": a["at"].strftime("%Y-%m-%dT%H:%M:%SZ"), "action": a["action"], "actor": a["actor"], "why": a["why"],
+                 "detail": a["detail"]} for a in book.history(conn, runner.job.name, limit)]
 
 
 def state_of(steering: dict) -> str:

@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--deep", action="store_true", help="also compare a content hash of every delivered message still in the target with its source row")
     st = cmd("status", "per job: last run, rows moved, lag, backlog, quarantine count")
     st.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    st.add_argument("--history", nargs="?", type=int, const=50, metavar="N",
+                    help="also the N newest steering actions of each job (default 50): pauses, resumes and the status "
+                         "page's group replays and discards, with who, when and why (qbridge_steering_audit)")
     qa = cmd("quarantine", "list, show, replay or discard quarantined messages; history shows what was done to them")
     qa.add_argument("action", choices=["list", "groups", "show", "replay", "discard", "history"],
                     help="list: one line per message; groups: one line per failure group (its reason with ids, numbers, "

@@ -411,3 +411,33 @@ def test_a_depth_limit_per_destination_queue_and_a_misspelt_one_refused(tmp_path
     said = " ".join(r.stderr.split())  # rich folds long lines
     assert "jobs[0].max_target_depth: 'Order' is no queue the mapping routes to" in said and "Orders" in said, said
     b.dispose()
+
+
+@pytest.mark.slow
+def test_a_pause_lets_the_batch_in_flight_commit_and_stops_the_next(pg_server: str, pg_schema: str,
+                                                                     tmp_path: Path) -> None:
+    b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, batch_size=10)
+    assert b.cli("init") == 0
+    b.insert(b.ready(30))
+    marker, resume = tmp_path / "frozen", tmp_path / "resume"
+    proc = b.spawn("sync", "--once", env={"QBRIDGE_FAULT_PAUSE": "before_target_commit", "QBRIDGE_FAULT_FILE": str(marker),
+                                          "QBRIDGE_FAULT_RESUME_FILE": str(resume), "QBRIDGE_FAULT_PAUSE_SECONDS": "60"})
+    wait_for("the first batch before its commit", marker.exists, proc=proc)
+    r = qbridge(b, "pause", "--why", "re-indexing", "--by", "gina")
+    assert r.returncode == 0, r.stderr
+    resume.touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert b.count("Orders") == 10, "the batch in flight commits, the next one does not start"
+    assert "is paused by gina" in err.decode()
+    assert qbridge(b, "resume").returncode == 0
+    assert b.cli("sync", "--once") == 0
+    assert b.count("Orders") == 30
+    r = qbridge(b, "status", "--json", "--history")
+    history = json.loads(r.stdout)["jobs"][0]["steering_history"]
+    assert [(a["action"], a["actor"], a["why"]) for a in history][0] == ("resumed", history[0]["actor"], None)
+    assert (history[1]["action"], history[1]["actor"], history[1]["why"]) == ("paused", "gina", "re-indexing")
+    text = qbridge(b, "status", "--history", "1").stdout
+    assert "steering history" in text and "resumed" in text and "re-indexing" not in text, text
+    assert b.cli("verify") == 0
+    b.dispose()

@@ -259,6 +259,7 @@ class Passes(Batch):
                 self.size_batch(None)
             self.pace.spent(stats.read)
             self.passes_done += 1  # committed: with_backoff's count of progress
+            RETRIES.set(0)  # the next batch is a first attempt, though the drain may be a retry (its span says so)
             total.add(stats)
             if on_pass:
                 on_pass(stats)

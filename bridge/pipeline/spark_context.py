@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
         ("spark.python.worker.reuse", "true"),
         ("spark.python.daemon.module", "bridge.pipeline.spark_daemon"),
         ("spark.executorEnv.PYTHONHASHSEED", "0"),
-        *((f"spark.executorEnv.{n}", v) for n, v in os.environ.items() if n.startswith("QBRIDGE_FAULT")),
+        *forwarded_env(os.environ),
         *((f"spark.executorEnv.{n}", v) for n, v in logcontext.executor_env().items()),  # --log-format, for tasks' lines
     ])
     if master is not None:
@@ -59,6 +60,21 @@ def spark_context(master: str | None, app: str = "qbridge migrate") -> Any:
         conf.setMaster(f"local[{slots},{TASK_ATTEMPTS}]" if slots is not None else master)
     _quiet_gateway(conf)
     return SparkContext.getOrCreate(conf=conf)
+
+
+# Spark's default redaction (secret|password|token|access.key) plus the OTLP exporter's headers,
+# which carry a collector's credentials, from the Spark UI's environment page and event logs.
+REDACT = r"(?i)secret|password|token|access[.]key|OTEL_EXPORTER_OTLP_(TRACES_)?HEADERS"
+
+
+def forwarded_env(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The Spark settings that hand this process's fault points (QBRIDGE_FAULT*) and OpenTelemetry
+    exporter (OTEL_*) to the executors' Python workers: on a cluster they do not inherit the
+    driver's environment, and a unit would run untraced."""
+    forwarded = [(f"spark.executorEnv.{n}", v) for n, v in environ.items() if n.startswith(("QBRIDGE_FAULT", "OTEL_"))]
+    if any(n.startswith("OTEL_") for n in environ):
+        forwarded.append(("spark.redaction.regex", REDACT))
+    return forwarded
 
 
 # The driver JVM this process launched, and how it uses the class-data archive.

@@ -102,7 +102,7 @@ class Units(Passes):
                           retries=RETRIES.get() or None) as s:
             return self._unit_batch(source, fetch, total, s)
 
-    def _unit_batch(self, source: Source, fetch, total: PassStats, span: object) -> list[SourceRow]:
+    def _unit_batch(self, source: Source, fetch, total: PassStats, span: Any) -> list[SourceRow]:
         lock = self.job.mode == "move"
         self._wait_to_go()
         stats = PassStats(source.queue)
@@ -134,10 +134,14 @@ class Units(Passes):
                     if batch is not None:
                         flight.append(batch)
                     break
-                except LedgerConflict:
+                except LedgerConflict as e:
                     if not optimistic:
                         raise
                     self._optimistic.discard(source.queue)
+                    # Marked as the in-process path marks a conflict: the exception on the batch's
+                    # span and one more retry (here the same span goes on, with the lookup).
+                    span.record_exception(e)
+                    span.set_attribute("qbridge.retries", RETRIES.get() + 1)
             stats.add(attempt)
             stats.lag_seconds = attempt.lag_seconds
             stats.t_write += time.perf_counter() - fetched - attempt.t_map

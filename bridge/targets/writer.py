@@ -63,9 +63,11 @@ class TargetWriter:
         for (kind, queue), items in groups.items():
             table, have = self.table(conn, kind, queue)
             texts = [headers_json(o.headers) for o in items]
-            if parent:
+            if parent:  # a message's own traceparent is kept if NServiceBus can parse it, else it is replaced
                 suffix = f',"{TRACEPARENT}":"{parent}"}}'
-                texts = [t if TRACEPARENT in o.headers else t[:-1] + suffix for t, o in zip(texts, items)]
+                texts = [t if tracing.valid_traceparent(o.headers.get(TRACEPARENT)) else
+                         headers_json({**o.headers, TRACEPARENT: parent}) if TRACEPARENT in o.headers else t[:-1] + suffix
+                         for t, o in zip(texts, items)]
             names, rows = self._rows(kind, texts, [o.body for o in items],
                                      [naive_utc(o.expires) for o in items], [o.due for o in items], have)
             insert_values(conn, table, names, rows)
@@ -123,7 +125,14 @@ class TargetWriter:
 
                 traced = pc.binary_join_element_wise(pc.utf8_slice_codeunits(headers, 0, -1),
                                                      pa.scalar(f',"{TRACEPARENT}":"{parent}"}}'), "")
-                headers = pc.if_else(pc.match_substring(headers, f'"{TRACEPARENT}":'), headers, traced)
+                own = pc.match_substring(headers, f'"{TRACEPARENT}":')
+                if pc.any(own).as_py():  # kept if NServiceBus can parse it (tracing.valid_traceparent), else replaced
+                    kept = pc.and_(pc.match_substring_regex(headers, tracing.TRACEPARENT_JSON_VALID),
+                                   pc.invert(pc.match_substring_regex(headers, tracing.TRACEPARENT_JSON_ZEROS)))
+                    fixed = pc.replace_substring_regex(headers, tracing.TRACEPARENT_JSON_ANY, f'"{TRACEPARENT}":"{parent}"')
+                    headers = pc.if_else(own, pc.if_else(kept, headers, fixed), traced)
+                else:
+                    headers = traced
             order = pa.array(np.argsort(positions, kind="stable"))
             self._write_columns(conn, kind, queue, headers.take(order), bodies.take(order), expires.take(order), dues.take(order))
 

@@ -30,8 +30,7 @@ def spans():
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.use(provider)
     yield exporter
-    tracing.use(None)
-    tracing._state["checked"] = False
+    tracing.reset()
 
 
 def test_a_sync_traces_its_drain_and_each_batch(tmp_path: Path, spans) -> None:
@@ -66,16 +65,53 @@ def test_a_log_line_under_a_span_carries_its_ids(spans) -> None:
     assert line["trace_id"] == f"{s.get_span_context().trace_id:032x}"
 
 
-def test_the_traceparent_is_what_nservicebus_parses(spans) -> None:
-    """NServiceBus reads `traceparent` with .NET's ActivityContext.TryParse (W3C): version 00,
-    32 and 16 lowercase hex digits, not all zero, two hex digits of flags."""
-    import re
+def dotnet_parses(value: str) -> bool:
+    """What NServiceBus's receive accepts as its parent, written here from the rules and not from
+    qbridge's code: .NET's ActivityContext.TryParse (Activity.TryConvertIdToContext: exactly 55
+    characters, a version of two lowercase hex digits other than ff, then lowercase hex trace id
+    [3:35] and parent id [36:52], neither all zeros, and two lowercase hex flag digits at 53 and
+    54) and W3C trace context level 1's dashes at 2, 35 and 52, which .NET does not check."""
+    lower_hex = "0123456789abcdef"
+    if len(value) != 55 or any(value[i] != "-" for i in (2, 35, 52)):
+        return False
+    version, trace_id, parent_id, flags = value[0:2], value[3:35], value[36:52], value[53:55]
+    if any(c not in lower_hex for c in version + flags) or version == "ff":
+        return False
+    return all(all(c in lower_hex for c in part) and part.strip("0") for part in (trace_id, parent_id))
 
-    with tracing.span("qbridge.batch"):
-        parent = tracing.traceparent()
-    assert parent is not None
-    m = re.fullmatch(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})", parent)
-    assert m and m.group(1) != "0" * 32 and m.group(2) != "0" * 16
+
+GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+BAD = {
+    "uppercase trace id": GOOD.replace("0af7651916cd43dd", "0AF7651916CD43DD"),
+    "uppercase flags": GOOD[:-2] + "0A",
+    "version ff": "ff" + GOOD[2:],
+    "uppercase version": "0A" + GOOD[2:],
+    "trace id all zeros": f"00-{'0' * 32}-b7ad6b7169203331-01",
+    "parent id all zeros": f"00-0af7651916cd43dd8448eb211c80319c-{'0' * 16}-01",
+    "too short": GOOD[:-1],
+    "too long (version 00 is exactly 55)": GOOD + "-00",
+    "underscores for dashes": GOOD.replace("-", "_"),
+    "dash moved": "00-0af7651916cd43dd8448eb211c80319-cb7ad6b7169203331-01",
+    "not hex": GOOD.replace("b7ad", "b7az"),
+    "empty": "",
+}
+
+
+def test_the_traceparent_is_what_nservicebus_parses(spans) -> None:
+    """Negative cases against the validator (so that it can fail), positive ones against what
+    qbridge writes; tracing.valid_traceparent, which decides whether a message's own header is
+    kept, agrees with it on every case."""
+    for why, value in BAD.items():
+        assert not dotnet_parses(value), why
+        assert not tracing.valid_traceparent(value), why
+    assert dotnet_parses(GOOD) and tracing.valid_traceparent(GOOD)
+    assert dotnet_parses("cc" + GOOD[2:]) and tracing.valid_traceparent("cc" + GOOD[2:])  # a later version, same length
+    written = []
+    for _ in range(50):
+        with tracing.span("qbridge.batch"):
+            written.append(tracing.traceparent())
+    assert all(p is not None and dotnet_parses(p) for p in written), written
+    assert len(set(written)) == 50
     assert tracing.traceparent() is None  # no span is current outside
 
 
@@ -128,7 +164,11 @@ def test_each_message_carries_the_traceparent_of_the_batch_that_wrote_it(tmp_pat
     b.dispose()
 
 
-def test_trace_messages_false_keeps_headers_as_they_were(tmp_path: Path, spans) -> None:
+def test_trace_messages_false_keeps_headers_as_they_were(tmp_path: Path, spans, monkeypatch) -> None:
+    # An exporter configured the standard way, so that trace_messages' default would be on: the
+    # spans themselves still go to the in-memory exporter (tracing.use), nothing is sent.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    assert tracing.configured()
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", extra="trace_messages = false\n")
     assert b.cli("init") == 0
     b.insert(b.ready(3))
@@ -263,6 +303,33 @@ def test_a_ledger_conflict_is_on_the_failed_batch_span_and_the_retry_counts_it(t
     assert first.status.status_code.name == "ERROR"
     assert [e.attributes["exception.type"] for e in first.events if e.name == "exception"] == ["bridge.pipeline.job.LedgerConflict"]
     assert second.attributes["qbridge.retries"] == 1 and second.attributes["qbridge.delivered"] == 3
+    b.dispose()
+
+
+def test_only_the_batch_after_a_failure_counts_a_retry(tmp_path: Path, spans, monkeypatch) -> None:
+    """The drain is retried as a whole (with_backoff): the batch that failed is tried again with
+    retries=1, and the batches after it, first attempts, carry no retries."""
+    from bridge.pipeline.job import LedgerConflict
+    from bridge.pipeline.passes import Passes
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=2)
+    assert b.cli("init") == 0
+    b.insert(b.ready(7))
+    real, calls = Passes._pass, []
+
+    def second_fails_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise LedgerConflict("another qbridge process delivered messages of 'MQueue1' at the same time")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Passes, "_pass", second_fails_once)
+    monkeypatch.setattr("bridge.retry.BLIP", 0.01)
+    assert b.cli("sync", "--once") == 0
+    batches = [s for s in spans.get_finished_spans() if s.name == "qbridge.batch"]
+    assert [s.status.status_code.name for s in batches] == ["UNSET", "ERROR", "UNSET", "UNSET", "UNSET"]
+    assert [s.attributes.get("qbridge.retries") for s in batches] == [None, None, 1, None, None]
+    assert [s.attributes.get("qbridge.delivered") for s in batches] == [2, None, 2, 2, 1]
     b.dispose()
 
 

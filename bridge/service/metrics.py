@@ -93,8 +93,8 @@ class BridgeCollector(Collector):
 
 def not_ready(workers: list[WorkerView]) -> str | None:
     """Why this process is not ready (None: it is): for each job it runs, it must hold the job's
-    lock (a standby is alive but not ready) and have finished a run lately (within three of its
-    schedule's intervals, at least a minute)."""
+    lock (a standby is alive but not ready) and have finished a run or committed a batch lately
+    (within three of its schedule's intervals, at least a minute)."""
     now = time.time()
     for w in workers:
         if w.stopped_reason:

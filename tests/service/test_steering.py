@@ -441,3 +441,19 @@ def test_a_pause_lets_the_batch_in_flight_commit_and_stops_the_next(pg_server: s
     assert "steering history" in text and "resumed" in text and "re-indexing" not in text, text
     assert b.cli("verify") == 0
     b.dispose()
+
+
+def test_readiness_needs_the_lock_and_recent_progress_of_every_job() -> None:
+    from types import SimpleNamespace as Worker
+
+    from bridge.service.metrics import not_ready
+
+    def worker(name: str, held: bool = True, ago: float | None = 5.0, stopped: str | None = None) -> Worker:
+        return Worker(name=name, stopped_reason=stopped, lock=Worker(held=held), allowance=60.0,
+                      last_success=None if ago is None else time.time() - ago)
+
+    assert not_ready([worker("a"), worker("b")]) is None
+    assert "job b: not holding its lock" in not_ready([worker("a"), worker("b", held=False)])
+    assert "job a: last successful run 90s ago (allowed 60s)" in not_ready([worker("a", ago=90.0)])
+    assert "job a: last successful run never" in not_ready([worker("a", ago=None)])
+    assert not_ready([worker("a"), worker("b", held=False, stopped="bad mapping")]) is None, "a stopped job is /metrics' news"

@@ -24,6 +24,7 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from bridge import tracing
 from bridge.config import JobConfig
 from bridge.db import is_retryable
 from bridge.errors import BridgeError
@@ -101,7 +102,9 @@ class JobWorker:
 
     def tick(self) -> None:
         """One scheduled run: take the lock, drain every queue. Never raises."""
-        with about(self.name):  # the lock, back-off and failure lines carry the job (JSON logs)
+        # The lock, back-off and failure lines carry the job (JSON logs); the first batch span of
+        # a run after failed ones says how many (qbridge.retries).
+        with about(self.name), tracing.retrying(self.failures):
             self._tick()
 
     def _tick(self) -> None:

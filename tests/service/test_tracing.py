@@ -355,3 +355,33 @@ def test_migrate_traces_its_spark_tasks_under_its_own_span(make) -> None:
     batches = [s for _, s in receiver.spans if s.name == "qbridge.batch" and s.parent_span_id in {u.span_id for u in units}]
     delivered = sum(a.value.int_value for s in batches for a in s.attributes if a.key == "qbridge.delivered")
     assert delivered == 200  # 2 units of 100 rows in batches of 50 (and an empty one that finds the end)
+
+
+def test_qbridge_runs_first_batch_after_failed_runs_counts_them(tmp_path: Path, spans) -> None:
+    import threading
+
+    from bridge.config import load_config
+    from bridge.pipeline.loop import JobRunner
+    from bridge.service.scheduler import JobWorker
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=4)
+    assert b.cli("init") == 0
+    b.insert(b.ready(10))
+    good = load_config(b.config)
+    b.source_url = "postgresql+psycopg://qbridge:secret@127.0.0.1:1/legacy"  # refuses connections
+    b.write_config()
+    bad = load_config(b.config)
+    now = [0.0]
+    worker = JobWorker(JobRunner(bad, bad.jobs[0]), threading.Event(), clock=lambda: now[0])
+    for t in (0.0, 1.5):  # two failed runs, the second after the first's back-off
+        now[0] = t
+        worker.tick()
+    assert worker.failures == 2
+    worker.pending = JobRunner(good, good.jobs[0])  # as a reload with the database back would
+    now[0] = 10.0
+    worker.tick()
+    assert worker.failures == 0 and b.count("Orders") == 10
+    batches = [s for s in spans.get_finished_spans() if s.name == "qbridge.batch"]
+    assert [s.attributes.get("qbridge.retries") for s in batches] == [2, None, None]
+    worker.lock.release()
+    b.dispose()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -116,7 +117,7 @@ def _provider() -> Any:
     exporters: list[Any] = []
     for kind in _exporters():
         if kind == "console":
-            exporters.append(ConsoleSpanExporter())
+            exporters.append(ConsoleSpanExporter(out=sys.stderr))  # stdout carries --json documents)
         elif _protocol() == "grpc":
             try:
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc

@@ -262,3 +262,23 @@ def test_a_whole_sync_without_an_exporter_never_loads_opentelemetry(tmp_path: Pa
     assert r.returncode == 0, r.stderr
     assert b.count("Orders") == 120
     b.dispose()
+
+
+def test_the_console_exporter_keeps_stdout_for_json(tmp_path) -> None:
+    """`OTEL_TRACES_EXPORTER=console` prints spans on stderr: stdout carries a command's --json document."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import Bridge
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    r = subprocess.run([sys.executable, "-m", "bridge", "quarantine", "replay", "--all", "--json", "-c", str(b.config)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "qbridge-test"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"] == []
+    assert '"name": "qbridge.quarantine.replay"' in r.stderr, r.stderr
+    b.dispose()

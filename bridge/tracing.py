@@ -117,7 +117,7 @@ def _provider() -> Any:
     exporters: list[Any] = []
     for kind in _exporters():
         if kind == "console":
-            exporters.append(ConsoleSpanExporter(out=sys.stderr))  # stdout carries --json documents)
+            exporters.append(ConsoleSpanExporter(out=sys.stderr))  # stdout carries --json documents
         elif _protocol() == "grpc":
             try:
                 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc

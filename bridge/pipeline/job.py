@@ -120,7 +120,6 @@ class JobSetup:
                     limits[queue] = (self.tables.queue(queue), limit)
         self.pressure = Pressure(self.target_engine, limits, job.resume_depth_percent, job.batch_size)
         self.even_if_paused = False  # `sync`/`migrate --even-if-paused`
-        self._hold_adopted = False  # whether the stored hold was taken over (may_go, once a process)
 
     def set_rate(self, rate: float | None) -> None:
         """Caps this process's batches of the job at `rate` messages a second (a Spark task gets
@@ -144,12 +143,12 @@ class JobSetup:
         steering = self.steering()
         if steering.paused and not self.even_if_paused:
             return steering.paused_line()
-        if not self._hold_adopted:
-            # A hold the last process left (it ended or was killed while held) is this one's until
-            # the queues fall below the low-water mark, as it would have been had that process lived.
-            self._hold_adopted = True
-            if steering.held is not None:
-                self.pressure.adopt(steering.held, steering.held_since)
+        if steering.held is not None and self.pressure.held is None:
+            # A hold another process set (the last one, which ended or was killed while held, or
+            # one that ran the job while this one stood by) is this one's until the queues fall
+            # below the low-water mark, as it would have been had that process gone on. Not only
+            # at a process's first look: a `run` that takes its job back took no part in the hold.
+            self.pressure.adopt(steering.held, steering.held_since)
         held = self.pressure.check()
         if (held is None) != (steering.held is None) and self.kept(self.state.steering.table):
             self.state.steering.set_held(self.target_engine, self.job.name, held)

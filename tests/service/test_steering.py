@@ -247,6 +247,28 @@ def test_a_hold_outlives_its_process_until_the_low_water_mark(tmp_path: Path) ->
     b.dispose()
 
 
+def test_a_process_that_ran_the_job_before_takes_over_a_hold_another_set_meanwhile(tmp_path: Path) -> None:
+    """A `qbridge run` that ran the job, lost its lock to a standby that then held the job, and
+    takes the job back (or any process that looked at the hold once before another set it): it
+    keeps the hold the books show down to the low-water mark, as a fresh process does."""
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=10,
+               extra="max_target_depth = 40\nresume_depth_percent = 50\n")
+    assert b.cli("init") == 0
+    first = b.runner()
+    assert first.may_go() is None  # it ran the job: nothing held then
+    b.insert(b.ready(100))
+    assert b.cli("sync", "--once") == 0  # another process meanwhile: fills Orders to its limit, held
+    assert status(b)["steering"]["held"] == "Orders holds 40 of 40"
+    _take(b, 10)  # 30 left: below the limit, above the low-water mark (20)
+    why = first.may_go()
+    assert why is not None and "held" in why, "a process that had looked before ignored the hold the books show"
+    assert status(b)["steering"]["held"] is not None, "it ended the hold in the books above the low-water mark"
+    _take(b, 15)  # 15 left: below the mark, the hold ends
+    assert first.may_go() is None
+    assert status(b)["steering"]["held"] is None
+    b.dispose()
+
+
 @pytest.mark.slow
 def test_migrate_shares_max_rate_over_its_task_slots(pg_server: str, pg_schema: str, tmp_path: Path) -> None:
     b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, batch_size=1000,

@@ -88,9 +88,26 @@ class JobWorker:
         self.waiting: str | None = None  # why the job's last run stopped short: paused, or held
         self.allowance = readiness_allowance(runner.job)
         self.pending: JobRunner | None = None  # built from a reloaded config, taken before the next batch
+        # `pending` is set by the main thread (Scheduler.reload) while the tick's thread takes it:
+        # taking and clearing it is one step, or a reload landing in between would be cleared unseen.
+        self._pending_lock = threading.Lock()
+
+    def offer(self, new: JobRunner | None) -> None:
+        """A runner built from a reloaded config, taken before the next batch (None: withdraws one)."""
+        with self._pending_lock:
+            self.pending = new
+
+    def latest(self) -> JobRunner:
+        """The runner of the newest config: the one waiting to be taken, else the one running."""
+        return self.pending or self.runner
+
+    def _claim(self) -> JobRunner | None:
+        with self._pending_lock:
+            new, self.pending = self.pending, None
+        return new
 
     def _take(self, new: JobRunner) -> None:
-        old, self.pending = self.runner, None
+        old = self.runner
         new.on_batch = old.on_batch
         if new.pace.rate == old.pace.rate:
             new.pace.next_at = old.pace.next_at  # the rate holds across a reload
@@ -143,8 +160,9 @@ class JobWorker:
 
     def _run(self) -> None:
         while True:
-            if self.pending is not None:  # a reloaded config, from the next batch on
-                self._take(self.pending)
+            new = self._claim()
+            if new is not None:  # a reloaded config, from the next batch on
+                self._take(new)
             runner = self.runner
             if not self.checked:
                 runner.check()
@@ -294,14 +312,16 @@ class Scheduler:
                 return False
             built[w.name] = new
         for w in self.workers:
-            if built[w.name].job.schedule != w.runner.job.schedule:
+            # Against the newest config, which may still wait to be taken (two reloads before a batch).
+            if built[w.name].job.schedule != w.latest().job.schedule:
                 self.scheduler.reschedule_job(w.name, trigger=trigger_for(built[w.name].job))
                 log.info("job=%s rescheduled (%s)", w.name, _describe(built[w.name].job))
                 w.allowance = readiness_allowance(built[w.name].job)
             if w.stopped_reason:  # it ticks no more: it takes the new config now, and runs again
+                w.offer(None)
                 w._take(built[w.name])
             else:
-                w.pending = built[w.name]
+                w.offer(built[w.name])
             log.info("job=%s config reloaded: applies from its next batch", w.name)
         return True
 

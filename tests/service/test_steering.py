@@ -407,6 +407,65 @@ def test_a_reload_applies_within_a_long_drain_and_reschedules(tmp_path: Path) ->
     b.dispose()
 
 
+def test_two_reloads_before_the_next_batch_leave_the_job_on_the_last_schedule(tmp_path: Path) -> None:
+    """The second reload is compared with the config waiting to be taken, not with the one the
+    job still runs: 5s -> 60s -> 5s leaves the trigger at 5s."""
+    from datetime import timedelta
+
+    from bridge.config import load_config
+    from bridge.pipeline.loop import JobRunner
+    from bridge.service.scheduler import Scheduler, trigger_for
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", schedule='every = "5s"')
+    assert b.cli("init") == 0
+    config = load_config(b.config)
+    s = Scheduler([JobRunner(config, config.jobs[0])])
+    [w] = s.workers
+    s.scheduler.add_job(w.tick, trigger_for(w.runner.job), id=w.name, name=w.name)
+    s.scheduler.start(paused=True)  # no tick takes the reloaded config in between
+    try:
+        for every in ("60s", "5s"):
+            b.schedule = f'every = "{every}"'
+            b.write_config()
+            assert s.reload(str(b.config), None)
+        assert s.scheduler.get_job(w.name).trigger.interval == timedelta(seconds=5), "the job kept the first reload's schedule"
+        assert w.allowance == 60.0
+    finally:
+        s.scheduler.shutdown(wait=False)
+        b.dispose()
+
+
+def test_a_reload_landing_while_the_tick_takes_the_last_one_is_not_lost(tmp_path: Path, monkeypatch) -> None:
+    """Scheduler.reload sets `pending` from the main thread while the job's tick may be taking
+    the one before: the newer one must wait for the next batch, not be cleared with the older."""
+    from bridge.config import load_config
+    from bridge.pipeline.loop import JobRunner
+    from bridge.service.scheduler import JobWorker
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    config = load_config(b.config)
+    worker = JobWorker(JobRunner(config, config.jobs[0]), threading.Event())
+    older, newer = JobRunner(config, config.jobs[0]), JobRunner(config, config.jobs[0])
+    take = JobWorker._take
+
+    def racing(self: JobWorker, new: JobRunner) -> None:
+        if new is older:  # the main thread's second reload, after the tick read `pending`
+            self.pending = newer
+        take(self, new)
+
+    monkeypatch.setattr(JobWorker, "_take", racing)
+    worker.pending = older
+    try:
+        worker.tick()
+        assert worker.stopped_reason is None and worker.last_error is None, worker.last_error
+        assert worker.runner is newer, "the later reload was dropped: the job runs the older config"
+        assert worker.pending is None
+    finally:
+        worker.lock.release()
+        b.dispose()
+
+
 def test_reload_finds_a_run_by_every_spelling_of_its_config_flag() -> None:
     from bridge.commands.reload import _config_paths
 

@@ -141,7 +141,9 @@ class SteeringBook:
             now = naive_utc(utcnow())
             values: dict = {"held": held}
             if held is None:
-                since = conn.execute(sa.select(t.c.held_since).where(t.c.job == job)).scalar_one_or_none()
+                # Read locked: processes ending one hold at once (migrate's tasks) add its seconds
+                # once; the later ones find it ended. (SQLite's writes are one at a time already.)
+                since = conn.execute(sa.select(t.c.held_since).where(t.c.job == job).with_for_update()).scalar_one_or_none()
                 values["held_since"] = None
                 if since is not None:
                     values["held_seconds"] = t.c.held_seconds + max(0.0, (now - since).total_seconds())

@@ -269,6 +269,46 @@ def test_a_process_that_ran_the_job_before_takes_over_a_hold_another_set_meanwhi
     b.dispose()
 
 
+def test_two_processes_ending_one_hold_count_its_seconds_once(pg_server: str, pg_schema: str) -> None:
+    """Migrate's tasks (a process each) wait out one hold and see it end within the same poll:
+    each writes the end, and its seconds are added once, not once per process."""
+    from datetime import timedelta
+
+    from bridge.db import engine_for
+    from bridge.ledger.steering import SteeringBook
+    from bridge.timefmt import naive_utc, utcnow
+
+    engine = engine_for(pg_server)
+    book = SteeringBook(pg_schema)
+    book.table.create(engine)
+    book.set_held(engine, "job1", "Orders holds 40 of 40")
+    with engine.begin() as conn:  # held for 100 s
+        conn.execute(sa.update(book.table).values(held_since=naive_utc(utcnow()) - timedelta(seconds=100)))
+    other = threading.Thread(target=book.set_held, args=(engine, "job1", None))
+    state = {"raced": False}
+
+    @sa.event.listens_for(engine, "after_cursor_execute")
+    def race(conn, cursor, statement, *args) -> None:
+        # The other process ends the hold between this one's read of held_since and its write (or
+        # waits for this one to commit, if the read keeps it from doing so).
+        if "held_since" in statement and statement.lstrip().upper().startswith("SELECT") and not state["raced"] \
+                and threading.current_thread() is not other:
+            state["raced"] = True
+            other.start()
+            other.join(timeout=3)
+
+    try:
+        book.set_held(engine, "job1", None)
+        other.join(timeout=30)
+    finally:
+        sa.event.remove(engine, "after_cursor_execute", race)
+    assert state["raced"]
+    with engine.connect() as conn:
+        s = book.read(conn, ["job1"])["job1"]
+    assert s.held is None and s.held_since is None
+    assert 100 <= s.held_seconds < 150, f"{s.held_seconds:.0f} s counted for a hold of 100 s"
+
+
 @pytest.mark.slow
 def test_migrate_shares_max_rate_over_its_task_slots(pg_server: str, pg_schema: str, tmp_path: Path) -> None:
     b = Bridge(tmp_path, pg_server, pg_server, source_schema=pg_schema, target_schema=pg_schema, batch_size=1000,

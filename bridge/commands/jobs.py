@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ContextManager
@@ -74,10 +76,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from bridge.service.scheduler import run_until_stopped
 
+    hup = threading.Event()
+    if hasattr(signal, "SIGHUP"):  # a `qbridge reload` while this starts is kept (by default SIGHUP kills)
+        signal.signal(signal.SIGHUP, lambda *_: hup.set())
     config, runners = runners_of(args)
     listen = args.listen or (config.service.listen if config.service else None)
     if listen:
         from bridge.listen import parse_listen
 
         parse_listen(listen)  # a bad address is a usage error before anything starts
-    return run_until_stopped(runners, listen, str(args.config), config_path=str(args.config), job=args.job)
+    return run_until_stopped(runners, listen, str(args.config), config_path=str(args.config), job=args.job, hup=hup)

@@ -27,11 +27,31 @@ def runs_of(config: Path) -> list[int]:
             cwd = Path(os.readlink(entry / "cwd"))
         except OSError:
             continue  # gone meanwhile, or not ours to read
-        if "run" not in argv or not any("bridge" in a or "qbridge" in a for a in argv[:3]):
+        if _subcommand(argv) != "run":
             continue
         if any((cwd / p).resolve() == wanted for p in _config_paths(argv)):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def _subcommand(argv: list[str]) -> str | None:
+    """The qbridge command a command line runs (`qbridge run ...`, `python3 -m bridge --log-level
+    INFO run ...`), or None for another program: `sync --job run` is not a run."""
+    for i, a in enumerate(argv[:3]):
+        if Path(a).name in ("qbridge", "bridge") or (a == "bridge" and i > 0 and argv[i - 1] == "-m"):
+            rest = argv[i + 1:]
+            break
+    else:
+        return None
+    j = 0
+    while j < len(rest):
+        if rest[j] in ("--log-level", "--log-format"):
+            j += 2
+        elif rest[j].startswith("-"):
+            j += 1
+        else:
+            return rest[j]
+    return None
 
 
 def _config_paths(argv: list[str]) -> list[str]:

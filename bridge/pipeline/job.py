@@ -4,7 +4,6 @@ identities its messages are keyed by; the checks before its first pass; its subs
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any

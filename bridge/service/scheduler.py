@@ -333,7 +333,8 @@ def _describe(job: JobConfig) -> str:
 
 
 def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title: str = "qbridge run",
-                      config_path: str | None = None, job: str | None = None) -> int:
+                      config_path: str | None = None, job: str | None = None,
+                      hup: threading.Event | None = None) -> int:
     """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error.
     `listen` (HOST:PORT) serves Prometheus metrics on /metrics and the status page on / meanwhile.
     SIGHUP re-reads `config_path` (Scheduler.reload)."""
@@ -360,7 +361,7 @@ def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title
         wake.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    hup = threading.Event()
+    hup = hup if hup is not None else threading.Event()  # set already: a SIGHUP while starting up
     if config_path is not None and hasattr(signal, "SIGHUP"):
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: hup.set())
     try:

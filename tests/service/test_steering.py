@@ -578,3 +578,14 @@ def test_readiness_needs_the_lock_and_recent_progress_of_every_job() -> None:
     assert "job a: last successful run 90s ago (allowed 60s)" in not_ready([worker("a", ago=90.0)])
     assert "job a: last successful run never" in not_ready([worker("a", ago=None)])
     assert not_ready([worker("a"), worker("b", held=False, stopped="bad mapping")]) is None, "a stopped job is /metrics' news"
+
+
+def test_reload_signals_runs_only() -> None:
+    from bridge.commands.reload import _subcommand
+
+    assert _subcommand(["/usr/bin/python3", "/usr/local/bin/qbridge", "run", "-c", "a.toml"]) == "run"
+    assert _subcommand(["python3", "-m", "bridge", "--log-level", "INFO", "run", "-c", "a.toml"]) == "run"
+    assert _subcommand(["qbridge", "--log-format=json", "run"]) == "run"
+    assert _subcommand(["qbridge", "sync", "--job", "run", "-c", "a.toml"]) == "sync"
+    assert _subcommand(["python3", "-c", "import bridge; run"]) is None
+    assert _subcommand(["vim", "run", "bridge.toml"]) is None

@@ -6,10 +6,12 @@ fails in CI (CI=true), where a missing database is a broken run, not a reason to
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import uuid
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -81,6 +83,23 @@ def pg_schema(pg_server: str) -> Iterator[str]:
 def pg_schema2(pg_server: str) -> Iterator[str]:
     """A second scratch schema: the other side of a two-way setup."""
     yield from _scratch(pg_server, 'CREATE SCHEMA "{}"', 'DROP SCHEMA "{}" CASCADE')
+
+
+# The suite runs on two workers (pytest-xdist); a test that restarts PostgreSQL must not do so
+# under another's feet. Every test holds this file shared, one marked restarts_postgres holds
+# it alone: it waits for the test running beside it, and the next one waits for it.
+RESTART_GUARD = Path(tempfile.gettempdir()) / "qbridge-tests-postgresql-restart.lock"
+
+
+@pytest.fixture(autouse=True)
+def _postgresql_restart_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    alone = request.node.get_closest_marker("restarts_postgres") is not None
+    with open(RESTART_GUARD, "a+") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

@@ -91,7 +91,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
     host = socket.gethostname()
     if pids:
         out.print(f"config {path} is valid; asked {len(pids)} qbridge run process(es) on {host} to reload it (pid "
-                  f"{', '.join(map(str, pids))}); each logs what it applied or refused", markup=False, highlight=False)
+                  f"{', '.join(map(str, pids))}); each logs what it applied or refused", markup=False, highlight=False, soft_wrap=True)
     else:
         err.print(f"config {path} is valid, but no `qbridge run -c {path}` runs on {host}", markup=False, highlight=False)
     return 0 if pids and not refused else 1

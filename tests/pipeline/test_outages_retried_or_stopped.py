@@ -36,6 +36,7 @@ def pg_bridge(pg_server: str, pg_schema: str, tmp_path: Path):
     b.dispose()
 
 
+@pytest.mark.restarts_postgres
 def test_target_restarted_mid_batch_is_retried_and_nothing_doubles(pg_bridge: Bridge, tmp_path: Path) -> None:
     if shutil.which("pg_ctlcluster") is None or os.geteuid() != 0:
         (pytest.fail if IN_CI else pytest.skip)("restarting PostgreSQL needs pg_ctlcluster as root")

@@ -283,6 +283,7 @@ class Writer(threading.Thread):
         engine.dispose()
 
 
+@pytest.mark.restarts_postgres
 @pytest.mark.slow
 def test_soak_writers_killed_scheduler_and_postgresql_restart(pg_server: str, pg_schema: str, tmp_path: Path) -> None:
     _can_restart_postgresql()

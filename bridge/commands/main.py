@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Callable, Sequence
 

@@ -188,3 +188,29 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         hook.server.shutdown()
     names = {name for _, name in hook.seen}
     assert names == {r["alert"] for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]}, hook.seen
+
+
+def test_the_documented_alertmanager_route_is_valid_and_sends_critical_alerts_to_both(tmp_path: Path) -> None:
+    """docs/running.md's route, checked by Alertmanager's own amtool: valid, every alert in the
+    chat, critical ones to on-call as well (a matching child route ends the search unless it
+    says `continue`, and the parent's receiver is then not used)."""
+    import re
+
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        message = "this test needs amtool from Debian's prometheus-alertmanager (run `bash .ci/run`)"
+        (pytest.fail if IN_CI else pytest.skip)(message)
+    text = (Path(__file__).parents[2] / "docs" / "running.md").read_text()
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(re.search(r"```yaml\n(route:.*?)```", text, re.S).group(1))
+    checked = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    def receivers(*labels: str) -> set[str]:
+        r = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *labels], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return set(r.stdout.strip().split(","))
+
+    assert receivers("alertname=QBridgeJobLockLost", "severity=critical") == {"qbridge-oncall", "qbridge-chat"}
+    assert receivers("alertname=QBridgeLagHigh", "severity=warning") == {"qbridge-chat"}

@@ -165,12 +165,16 @@ class SlowEndpoint:
     def __init__(self, b: Bridge, table: str, per_second: float) -> None:
         self.b, self.table, self.per_second = b, b._qualified(table), per_second
         self.stopping = threading.Event()
+        self.taking = threading.Event()  # cleared: the endpoint is down, the queue only fills
+        self.taking.set()
         self.deepest = 0
         self.taken = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stopping.is_set():
+            if not self.taking.wait(0.05):
+                continue
             with self.b.target.begin() as conn:
                 depth = conn.execute(sa.text(f"select count(*) from {self.table}")).scalar_one()
                 self.deepest = max(self.deepest, depth)
@@ -196,9 +200,11 @@ def test_back_pressure_holds_the_job_while_the_endpoint_is_behind(pg_server: str
     proc, log = run(b, "--listen", "127.0.0.1:0")
     try:
         with SlowEndpoint(b, "Orders", per_second=40) as endpoint:
+            endpoint.taking.clear()  # down at first: the hold lasts until it comes up, whatever the machine's pace
             wait_for("the hold", lambda: log.has("held: Orders holds"), proc=proc)
             s = status(b)["steering"]
             assert s["held"] and s["held"].startswith("Orders holds") and s["held_since"]
+            endpoint.taking.set()
             wait_for("every message through the slow endpoint", lambda: endpoint.taken == 200, proc=proc, timeout=120)
         # the queue never held more than its limit: each pass's batch is cut to the room left
         assert endpoint.deepest <= 40, f"the queue reached {endpoint.deepest} rows"

@@ -13,12 +13,12 @@ import shutil
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from helpers import Bridge
+from receivers import PostReceiver
 
 from bridge.commands.logs import JsonFormatter
 from bridge.commands.main import main
@@ -149,34 +149,15 @@ def test_an_exception_is_kept_with_its_traceback_and_a_url_password_masked() -> 
     assert "bridge:***@db:5432/nsb" in text and TEXT_LINE.match(text)
 
 
-class _Sink:
-    """An OTLP/HTTP endpoint that takes every request and answers 200."""
-
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 def test_lines_logged_inside_a_batch_carry_its_trace_and_span_ids(tmp_path: Path) -> None:
-    sink = _Sink()
+    sink = PostReceiver()  # an OTLP/HTTP endpoint that takes every request
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=4)
     assert b.cli("init") == 0
     b.insert(b.ready(10))
     r = subprocess.run([sys.executable, "-m", "bridge", "--log-format", "json", "sync", "--once", "-c", str(b.config)],
                        cwd=tmp_path, check=False, capture_output=True, text=True, timeout=120,
                        env=_env(OTEL_EXPORTER_OTLP_ENDPOINT=sink.url))
-    sink.server.shutdown()
+    sink.stop()
     assert r.returncode == 0, r.stderr
     batches = [line for line in _lines(r.stderr) if "delivered=" in line["message"]]
     assert len(batches) == 3

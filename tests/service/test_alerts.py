@@ -12,11 +12,9 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import urllib.parse
 import urllib.request
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ import yaml
 
 from conftest import IN_CI
 from helpers import Bridge
+from receivers import PostReceiver
 from tests.service.test_metrics import _free_port
 from tests.service.test_scheduler import Log, stop, wait_for
 
@@ -48,25 +47,18 @@ class Webhook:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
-        hook = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                for alert in body["alerts"]:
-                    hook.seen.append((alert["status"], alert["labels"]["alertname"]))
-                self.send_response(200)
-                self.end_headers()
+        def take(body: bytes) -> None:
+            self.seen += [(alert["status"], alert["labels"]["alertname"]) for alert in json.loads(body)["alerts"]]
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self._http = PostReceiver(take)
+        self.url = self._http.url + "/"
 
     def has(self, status: str, name: str) -> bool:
         return (status, name) in self.seen
+
+    def stop(self) -> None:
+        self._http.stop()
 
 
 def scaled_rules(path: Path) -> None:
@@ -185,7 +177,7 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
             if p.poll() is None:
                 p.terminate()
                 p.wait(30)
-        hook.server.shutdown()
+        hook.stop()
     names = {name for _, name in hook.seen}
     assert names == {r["alert"] for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]}, hook.seen
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from bridge import tracing
 from helpers import Bridge
+from receivers import OtlpReceiver, sync_exporting, without_otel
 from tests.systems.test_reverse_nginn import TwoWay  # noqa: F401 - the two_way fixture's class
 from tests.systems.test_reverse_nginn import two_way  # noqa: F401 - a pytest fixture
 
@@ -120,7 +120,7 @@ def test_without_an_exporter_opentelemetry_is_never_loaded(tmp_path: Path) -> No
             "with tracing.span('qbridge.batch', job='j') as s:\n    s.set_attribute('x', 1)\n"
             "assert tracing.traceparent() is None\n"
             "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'loaded'\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env = without_otel()
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     env["OTEL_TRACES_EXPORTER"] = "none"
@@ -207,51 +207,10 @@ def test_a_trace_goes_nginn_to_nservicebus_and_back_to_nginn(two_way, spans) -> 
     assert tw.cli("verify") == 0
 
 
-class OtlpReceiver:
-    """An OTLP/HTTP receiver: POST /v1/traces, protobuf ExportTraceServiceRequest, decoded with
-    the OpenTelemetry protocol's own classes."""
-
-    def __init__(self) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        self.spans: list = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                for resource in request.resource_spans:
-                    service = {a.key: a.value.string_value for a in resource.resource.attributes}.get("service.name")
-                    for scope in resource.scope_spans:
-                        receiver.spans += [(service, s) for s in scope.spans]
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 def test_sync_exports_its_spans_to_a_real_otlp_http_receiver(tmp_path: Path) -> None:
     receiver = OtlpReceiver()
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=5)
-    assert b.cli("init") == 0
-    b.insert(b.ready(12))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-           "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "qbridge-test"}
-    r = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(b.config)], cwd=tmp_path,
-                       capture_output=True, text=True, env=env, timeout=120)
+    b, r = sync_exporting(tmp_path, receiver, OTEL_SERVICE_NAME="qbridge-test")
     assert r.returncode == 0, r.stderr
-    receiver.server.shutdown()
     names = [s.name for _, s in receiver.spans]
     assert names.count("qbridge.batch") == 3 and names.count("qbridge.drain") == 1
     assert {service for service, _ in receiver.spans} == {"qbridge-test"}
@@ -280,23 +239,29 @@ def test_rollback_and_quarantine_replay_are_traced(tmp_path: Path, spans) -> Non
     b.dispose()
 
 
-def test_a_ledger_conflict_is_on_the_failed_batch_span_and_the_retry_counts_it(tmp_path: Path, spans, monkeypatch) -> None:
+def fail_pass_once(monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
+    """The `nth` pass of the process fails once with a ledger conflict (another process wrote the
+    same messages); with_backoff retries the drain at once."""
     from bridge.pipeline.job import LedgerConflict
     from bridge.pipeline.passes import Passes
 
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
-    assert b.cli("init") == 0
-    b.insert(b.ready(3))
-    real, failed = Passes._pass, []
+    real, calls = Passes._pass, []
 
-    def once(self, *args, **kwargs):
-        if not failed:
-            failed.append(1)
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == nth:
             raise LedgerConflict("another qbridge process delivered messages of 'MQueue1' at the same time")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Passes, "_pass", once)
+    monkeypatch.setattr(Passes, "_pass", failing)
     monkeypatch.setattr("bridge.retry.BLIP", 0.01)
+
+
+def test_a_ledger_conflict_is_on_the_failed_batch_span_and_the_retry_counts_it(tmp_path: Path, spans, monkeypatch) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    b.insert(b.ready(3))
+    fail_pass_once(monkeypatch, 1)
     assert b.cli("sync", "--once") == 0
     batches = [s for s in spans.get_finished_spans() if s.name == "qbridge.batch"]
     first, second = batches[0], batches[1]
@@ -309,22 +274,10 @@ def test_a_ledger_conflict_is_on_the_failed_batch_span_and_the_retry_counts_it(t
 def test_only_the_batch_after_a_failure_counts_a_retry(tmp_path: Path, spans, monkeypatch) -> None:
     """The drain is retried as a whole (with_backoff): the batch that failed is tried again with
     retries=1, and the batches after it, first attempts, carry no retries."""
-    from bridge.pipeline.job import LedgerConflict
-    from bridge.pipeline.passes import Passes
-
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=2)
     assert b.cli("init") == 0
     b.insert(b.ready(7))
-    real, calls = Passes._pass, []
-
-    def second_fails_once(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise LedgerConflict("another qbridge process delivered messages of 'MQueue1' at the same time")
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Passes, "_pass", second_fails_once)
-    monkeypatch.setattr("bridge.retry.BLIP", 0.01)
+    fail_pass_once(monkeypatch, 2)
     assert b.cli("sync", "--once") == 0
     batches = [s for s in spans.get_finished_spans() if s.name == "qbridge.batch"]
     assert [s.status.status_code.name for s in batches] == ["UNSET", "ERROR", "UNSET", "UNSET", "UNSET"]
@@ -341,11 +294,11 @@ def test_migrate_traces_its_spark_tasks_under_its_own_span(make) -> None:
     receiver = OtlpReceiver()
     b = make(batch_size=50)
     b.insert(b.ready(200))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
     r = subprocess.run([sys.executable, "-m", "bridge", "migrate", "-c", str(b.config), "--master", "local[2]",
-                        "--unit-rows", "100"], cwd=b.tmp, capture_output=True, text=True, env=env, timeout=300)
+                        "--unit-rows", "100"], cwd=b.tmp, capture_output=True, text=True, timeout=300,
+                       env=without_otel(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url))
     assert r.returncode == 0, r.stderr
-    receiver.server.shutdown()
+    receiver.stop()
     [driver] = [s for _, s in receiver.spans if s.name == "qbridge.migrate"]
     units = [s for _, s in receiver.spans if s.name == "qbridge.unit"]
     assert len(units) == 2

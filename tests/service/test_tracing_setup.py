@@ -17,6 +17,7 @@ import pytest
 from bridge import tracing
 from bridge.errors import ConfigError, DriverMissing
 from helpers import Bridge
+from receivers import GrpcReceiver, sync_exporting, without_otel
 
 OTEL = [n for n in os.environ if n.startswith("OTEL_")]
 
@@ -169,46 +170,10 @@ def test_grpc_without_its_exporter_says_what_to_install(env) -> None:
             pass
 
 
-class GrpcReceiver:
-    """An OTLP/gRPC receiver: the collector's TraceService, from the OpenTelemetry protocol's own
-    generated classes, on a grpcio server."""
-
-    def __init__(self) -> None:
-        from concurrent import futures
-
-        import grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
-        self.spans: list = []
-        receiver = self
-
-        class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request, context):
-                for resource in request.resource_spans:
-                    service = {a.key: a.value.string_value for a in resource.resource.attributes}.get("service.name")
-                    for scope in resource.scope_spans:
-                        receiver.spans += [(service, s) for s in scope.spans]
-                return trace_service_pb2.ExportTraceServiceResponse()
-
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.url = f"http://127.0.0.1:{port}"
-
-
 @pytest.mark.slow
 def test_sync_exports_its_spans_to_a_real_otlp_grpc_receiver(tmp_path: Path) -> None:
     receiver = GrpcReceiver()
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=5)
-    assert b.cli("init") == 0
-    b.insert(b.ready(12))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-           "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-           "OTEL_SERVICE_NAME": "qbridge-grpc"}
-    r = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(b.config)], cwd=tmp_path, check=False,
-                       capture_output=True, text=True, env=env, timeout=120)
-    receiver.server.stop(None)
+    b, r = sync_exporting(tmp_path, receiver, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_SERVICE_NAME="qbridge-grpc")
     assert r.returncode == 0, r.stderr
     names = [s.name for _, s in receiver.spans]
     assert names.count("qbridge.batch") == 3 and names.count("qbridge.drain") == 1
@@ -257,8 +222,8 @@ def test_a_whole_sync_without_an_exporter_never_loads_opentelemetry(tmp_path: Pa
             "assert rc == 0, rc\n"
             "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
             "assert not loaded, loaded\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=False, capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=False, capture_output=True, text=True,
+                       env=without_otel(), timeout=120)
     assert r.returncode == 0, r.stderr
     assert b.count("Orders") == 120
     b.dispose()

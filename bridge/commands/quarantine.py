@@ -128,8 +128,11 @@ def _replay_edited(args: argparse.Namespace) -> int:
         raise UsageError(f"--with {path}: a JSON object of the row's columns is expected, not {type(edited).__name__}")
     _, runners = runners_of(args)
     actor = (args.by or "").strip() or operator()
-    results = [o for r in runners for o in QuarantineDesk(r, actor, (args.why or "").strip() or None).replay_edited(args.ids[0], edited)]
-    return _settled(args, actor, results)
+    tally = _Tally(keep_all=True)
+    for r in runners:
+        for o in QuarantineDesk(r, actor, (args.why or "").strip() or None).replay_edited(args.ids[0], edited):
+            tally.add(o)
+    return _settled(args, actor, tally)
 
 
 class _Tally:
@@ -205,15 +208,9 @@ class _ProgressLines:
             err.print(f"qbridge: {self.label}: {self.done:,} of {self.total:,} messages", markup=False, highlight=False)
 
 
-def _settled(args: argparse.Namespace, actor: str, results: _Tally | list, stopped: bool = False) -> int:
+def _settled(args: argparse.Namespace, actor: str, tally: _Tally, stopped: bool = False) -> int:
     """What replay or discard did, as a table or JSON (a summary by outcome beyond SUMMARY_ABOVE
     messages); 1 if any failed or was not found, 130 if it was stopped."""
-    if isinstance(results, list):
-        tally = _Tally(keep_all=True)
-        for o in results:
-            tally.add(o)
-    else:
-        tally = results
     missing = _not_in_quarantine(args.ids, {o.message_id for o in tally.kept})
     if args.json:
         sys.stdout.write(orjson.dumps({"actor": actor, "stopped": stopped, "results": [o.as_dict() for o in tally.kept]}).decode() + "\n")

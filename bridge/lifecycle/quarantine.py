@@ -93,25 +93,24 @@ class QuarantineDesk:
         name = "qbridge.quarantine.replay" if act == self._replay_one else "qbridge.quarantine.discard"
         with tracing.span(name, job=self.runner.job.name, group=where.group if where else None, actor=self.actor) as s:
             out: list[Outcome] = []
-            counted = [0, 0]  # messages, failed again
-
-            def seen(o: Outcome) -> None:
-                counted[0] += 1
-                counted[1] += o.action == "replay-failed"
+            messages = failed_again = 0
+            for o in self._acted(ids, where, act, should_stop):
+                messages += 1
+                failed_again += o.action == "replay-failed"
                 if keep:
                     out.append(o)
                 on_each(o)
-
-            for page in self._pages(ids, where):
-                for q in page:
-                    if should_stop():
-                        break
-                    seen(act(q))
-                else:
-                    continue
-                break
-            s.set_attributes({"qbridge.messages": counted[0], "qbridge.failed_again": counted[1]})
+            s.set_attributes({"qbridge.messages": messages, "qbridge.failed_again": failed_again})
             return out
+
+    def _acted(self, ids: list[str] | None, where: QuarantineFilter | None, act: Callable[[dict[str, Any]], Outcome],
+               should_stop: Callable[[], bool]) -> Iterator[Outcome]:
+        """`act` on each row picked, until `should_stop` says so (asked before each)."""
+        for page in self._pages(ids, where):
+            for q in page:
+                if should_stop():
+                    return
+                yield act(q)
 
     def _pages(self, ids: list[str] | None, where: QuarantineFilter | None) -> Iterator[list[dict[str, Any]]]:
         """The rows picked, oldest first, PAGE at a time (keyset paging: a row that fails again

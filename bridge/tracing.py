@@ -195,14 +195,26 @@ def counts(s: Any, stats: Any) -> None:
                           "qbridge.consumed": stats.consumed})
 
 
-def traceparent() -> str | None:
-    """The current span as a W3C `traceparent` header (the header NServiceBus reads), or None."""
+def _current_context() -> Any:
+    """The current span's context, or None (tracing off, or no span recording)."""
     if _state["tracer"] is None:
         return None
     from opentelemetry import trace
 
     ctx = trace.get_current_span().get_span_context()
-    if not ctx.is_valid:
+    return ctx if ctx.is_valid else None
+
+
+def current_ids() -> tuple[str, str] | None:
+    """The current span's trace and span ids as hex (a log line carries them), or None."""
+    ctx = _current_context()
+    return None if ctx is None else (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}")
+
+
+def traceparent() -> str | None:
+    """The current span as a W3C `traceparent` header (the header NServiceBus reads), or None."""
+    ctx = _current_context()
+    if ctx is None:
         return None
     # Only the sampled flag: W3C level 1 parsers know no other (the SDK sets level 2's random one).
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 0x01:02x}"

@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 
 import orjson
 
+from bridge import tracing
+
 FORMATS = ("text", "json")
 FORMAT_ENV = "QBRIDGE_LOG_FORMAT"
 TEXT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -81,24 +83,13 @@ class JsonFormatter(logging.Formatter):
             line["job"] = job
         if queue:
             line["queue"] = queue
-        trace = current_trace()
+        trace = tracing.current_ids()
         if trace is not None:
             line["trace_id"], line["span_id"] = trace
         line["message"] = mask(record.getMessage())
         if record.exc_info:
             line["exception"] = mask(self.formatException(record.exc_info))
         return orjson.dumps(line).decode()
-
-
-def current_trace() -> tuple[str, str] | None:
-    """The current span's trace and span ids as hex, where OpenTelemetry is loaded and a span is recording."""
-    trace_api = sys.modules.get("opentelemetry.trace")
-    if trace_api is None:
-        return None
-    ctx = trace_api.get_current_span().get_span_context()
-    if not ctx.is_valid:
-        return None
-    return f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
 
 
 def configure(level: str, fmt: str) -> None:

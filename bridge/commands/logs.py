@@ -17,13 +17,7 @@ from __future__ import annotations
 
 import os
 
-from bridge.pipeline.logcontext import (  # noqa: F401 - the CLI's names
-    FORMAT_ENV,
-    FORMATS,
-    TEXT,
-    JsonFormatter,
-    configure,
-)
+from bridge.pipeline.logcontext import FORMAT_ENV, FORMATS
 
 
 def log_format(given: str | None) -> str:

@@ -12,9 +12,10 @@ from sqlalchemy import exc as sa_exc
 
 from bridge.commands.common import err, out
 from bridge.commands.jobs import LOCK_WAIT
-from bridge.commands.logs import configure, log_format
+from bridge.commands.logs import log_format
 from bridge.errors import BridgeError
 from bridge.lifecycle.blob_inspect import INSPECTORS
+from bridge.pipeline.logcontext import configure
 
 # Each command's handler, "module:function", imported when that command runs.
 HANDLERS: dict[str, str] = {

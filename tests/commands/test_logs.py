@@ -20,9 +20,8 @@ import sqlalchemy as sa
 from helpers import Bridge
 from receivers import PostReceiver
 
-from bridge.commands.logs import JsonFormatter
 from bridge.commands.main import main
-from bridge.pipeline.logcontext import TextFormatter, about
+from bridge.pipeline.logcontext import JsonFormatter, TextFormatter, about
 from tests.commands.test_cli import _config
 
 TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|ERROR|DEBUG) ")

@@ -56,7 +56,7 @@ def test_a_sync_traces_its_drain_and_each_batch(tmp_path: Path, spans) -> None:
 
 
 def test_a_log_line_under_a_span_carries_its_ids(spans) -> None:
-    from bridge.commands.logs import JsonFormatter
+    from bridge.pipeline.logcontext import JsonFormatter
 
     with tracing.span("qbridge.batch", job="j") as s:
         record = logging.LogRecord("qbridge.batch", logging.INFO, __file__, 1, "job=j queue=q rows=1", (), None)

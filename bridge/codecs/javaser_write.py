@@ -56,9 +56,11 @@ HASHMAP = Desc("java.util.HashMap", 362498820763181265, SC_SERIALIZABLE | SC_WRI
 
 
 def mutf8(text: str) -> bytes:
-    """Java's modified UTF-8: U+0000 as C0 80, characters beyond the BMP as two 3-byte surrogates."""
+    """Java's modified UTF-8: U+0000 as C0 80, characters beyond the BMP as two 3-byte surrogates,
+    and a lone surrogate (which a Java String may hold, and javaser reads back) as its own 3 bytes."""
     out = bytearray()
-    for unit in struct.unpack(f">{len(text.encode('utf-16-be')) // 2}H", text.encode("utf-16-be")):
+    units = text.encode("utf-16-be", "surrogatepass")
+    for unit in struct.unpack(f">{len(units) // 2}H", units):
         if 0 < unit < 0x80:
             out.append(unit)
         elif unit < 0x800:
@@ -121,7 +123,7 @@ class Writer:
 
     def chars(self, text: str) -> None:
         """`int n` then n UTF-16 code units, as OpenJMS writes names and types."""
-        data = text.encode("utf-16-be")
+        data = text.encode("utf-16-be", "surrogatepass")  # Java writes a lone surrogate as it is
         self.pack("i", len(data) // 2)
         self.raw(data)
 

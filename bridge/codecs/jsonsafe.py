@@ -1,4 +1,4 @@
-"""Legacy column values as JSON: bytes in base64, times in ISO 8601."""
+"""Legacy column values as JSON: bytes in base64, times in ISO 8601; text every column stores."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
+
+import orjson
 
 
 def json_safe(value: Any) -> Any:
@@ -36,4 +38,32 @@ def restore(value: Any, time: bool = False) -> Any:
         return [restore(v) for v in value]
     if time and isinstance(value, str):
         return datetime.fromisoformat(value)
+    return value
+
+
+def writable(text: str) -> str:
+    """`text` as every text column stores it: a lone UTF-16 surrogate (which Java and BizTalk
+    strings may hold, and no UTF-8 encoder takes) and a NUL (which PostgreSQL's text refuses)
+    written as escapes."""
+    if text.isascii() and "\x00" not in text:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def raw_json(raw: Any) -> str:
+    """A kept raw row as JSON text; a lone surrogate, which no UTF-8 encoder takes, is kept as its
+    escape (a quarantined row must be kept, whatever it holds)."""
+    try:
+        return orjson.dumps(raw).decode()
+    except TypeError:
+        return orjson.dumps(_writable_values(raw)).decode()
+
+
+def _writable_values(value: Any) -> Any:
+    if isinstance(value, str):  # JSON escapes a NUL itself
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_writable_values(str(k)): _writable_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_writable_values(v) for v in value]
     return value

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy import exc as sa_exc
 
+from bridge.codecs.jsonsafe import raw_json, writable
 from bridge.ledger.failure_groups import GROUP_LENGTH, group_of
 from bridge.ledger.fence import jobs_table
 from bridge.ledger.inflight import Inflight, inflight_table
@@ -336,14 +337,15 @@ class State:
                 each = [e for e in entries if e.outcome == "quarantined"]
             insert_values(conn, self.ledger, LEDGER_COLUMNS, [
                 (origin, e.source_key, str(e.message_id), job, queue, e.outcome, e.target,
-                 (e.reason or None) and e.reason[:500], now)
+                 (e.reason or None) and writable(e.reason)[:500], now)
                 for e in each
             ])
             self.totals.add(conn, job, queue, origin, batch_counts(entries))
         if quarantined:
             insert_rows(conn, self.quarantine, [
                 {"message_id": str(q.message_id), "job": job, "queue": queue, "source_key": q.source_key,
-                 "reason": q.reason, "raw": orjson.dumps(q.raw).decode(), "at": now, "grp": group_of(job, queue, q.reason)}
+                 "reason": writable(q.reason), "raw": raw_json(q.raw), "at": now,
+                 "grp": group_of(job, queue, writable(q.reason))}
                 for q in quarantined
             ])
 

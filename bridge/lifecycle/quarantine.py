@@ -28,6 +28,7 @@ from bridge.ledger.failure_groups import group_of
 from bridge.ledger.state import QuarantineFilter, State
 from bridge.ledger.totals import counted
 from bridge.model import message_id_for, queue_origin
+from bridge.pipeline.refusals import write_refusing
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.base import Skipped
 from bridge.timefmt import UTC, naive_utc, utcnow
@@ -224,15 +225,19 @@ class QuarantineDesk:
             else:
                 r.target.begin_batch(tconn)
                 try:
-                    r.target.write(tconn, [result])
+                    refusals = write_refusing(tconn, r.target.write, [result])
                 except sa.exc.IntegrityError as e:
                     if not unique_violation(e):
                         raise
                     raise _AlreadyThere(f"a message with id {q['message_id']} is in the {r.target.system} tables already; "
                                         "left in quarantine, nothing written") from None
-                where = r.target.ledger_target(result)
-                self._settle(tconn, q, "replayed", "delivered", where or "", target=where, ledger_reason=None)
-                action, outcome, detail = "replayed", "delivered", where or ""
+                if refusals:  # a value the target cannot store (pipeline/refusals.py): it stays where it is
+                    action, outcome, detail = "replay-failed", "quarantined", refusals[0][1]
+                    self._still_failing(tconn, q, detail)
+                else:
+                    where = r.target.ledger_target(result)
+                    self._settle(tconn, q, "replayed", "delivered", where or "", target=where, ledger_reason=None)
+                    action, outcome, detail = "replayed", "delivered", where or ""
             if outcome != "quarantined" and consume:
                 # Only its own key is consumed here; others' pending keys are left to the next
                 # pass's _consume_pending (so the settle takes the fast path only if it is alone).

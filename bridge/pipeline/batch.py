@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +20,7 @@ from bridge.ledger.ranges import AlreadyRecorded
 from bridge.model import PlainMessage, message_ids
 from bridge.pipeline.columnar import process_columns, takes_columns
 from bridge.pipeline.job import JobSetup, LedgerConflict
+from bridge.pipeline.refusals import refused, write_refusing
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
 from bridge.ledger.state import LedgerEntry, Quarantined
@@ -39,13 +41,23 @@ class Batch(JobSetup):
         if self.job.reverse:  # the batch span points at the spans that sent these messages
             tracing.link_messages(r.values.get("headers") for r in rows)
         mapped = time.perf_counter()
+        counted = replace(stats)
         if takes_columns(self, source):
             outs, entries, quarantined, consume = process_columns(self, tconn, source, rows, lock, stats, known)
         else:
             outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
         stats.t_map += time.perf_counter() - mapped
         try:
-            self.target.write(tconn, outs)
+            try:
+                with tconn.begin_nested():
+                    self.target.write(tconn, outs)
+            except Exception as e:
+                if not refused(e):
+                    raise
+                # A row the target cannot store: the batch again by the per-row lanes, and each row
+                # the target refuses quarantined with what it refused (pipeline/refusals.py).
+                stats.__dict__.update(counted.__dict__)
+                outs, entries, quarantined, consume = self._refusing(tconn, source, rows, lock, stats, known)
             self.state.record(tconn, self.job.name, source.queue, self.origins[source.queue], entries, quarantined,
                               ranged=source.cursor == "monotonic")
         except (sa_exc.IntegrityError, AlreadyRecorded) as e:
@@ -55,6 +67,31 @@ class Batch(JobSetup):
                 f"another qbridge process delivered messages of {source.queue!r} at the same time; the batch is rolled back and retried"
             ) from None
         return consume
+
+    def _refusing(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+                  known: dict[str, str] | None) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
+        """`_process` by the per-row lanes, written row group by row group under savepoints: what
+        `_deliver` records, each row the target refused quarantined instead of delivered."""
+        places: list[int] = []
+        outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known, places)
+        refusals = write_refusing(tconn, self.target.write, outs)
+        if not refusals:
+            return [], entries, quarantined, consume
+        at = {e.source_key: i for i, e in enumerate(entries) if e.outcome == "delivered"}
+        keep_consume = lock and source.consumes_quarantined
+        dropped: set[Any] = set()
+        for index, reason in refusals:
+            row = rows[places[index]]
+            key = source.ledger_key(row)
+            entry = entries[at[key]]
+            entries[at[key]] = LedgerEntry(entry.message_id, key, "quarantined", None, reason)
+            quarantined.append(Quarantined(entry.message_id, key, reason, source.raw(row)))
+            stats.delivered -= 1
+            stats.quarantined += 1
+            if not keep_consume:
+                dropped.add(row.key)
+            log.warning("job=%s queue=%s key=%s: quarantined: %s", self.job.name, source.queue, key, reason)
+        return [], entries, quarantined, [k for k in consume if k not in dropped] if dropped else consume
 
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
                  known: dict[str, str] | None = None, places: list[int] | None = None

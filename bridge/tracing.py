@@ -236,10 +236,13 @@ def valid_traceparent(value: object) -> bool:
 
 
 # The same rules on a header in NServiceBus header JSON, for Arrow's RE2 (which has no
-# look-ahead): a value VALID matches and ZEROS does not is kept; ANY is a value to replace.
-TRACEPARENT_JSON_VALID = r'"traceparent":"([0-9a-e][0-9a-f]|f[0-9a-e])-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"'
-TRACEPARENT_JSON_ZEROS = r'"traceparent":"[0-9a-f]{2}-(0{32}-[0-9a-f]{16}|[0-9a-f]{32}-0{16})-'
-TRACEPARENT_JSON_ANY = r'"traceparent":"(?:[^"\\]|\\.)*"'
+# look-ahead): a value VALID matches and ZEROS does not is kept; ANY is a value to replace (its
+# group 1 kept). Each starts at the `{` or `,` before the name: in JSON as orjson writes it (no
+# spaces) that is where a name, and only a name, starts, since a `"` inside a string is escaped;
+# a header named `x"traceparent` (`"x\"traceparent":`) is another header.
+TRACEPARENT_JSON_VALID = r'[{,]"traceparent":"([0-9a-e][0-9a-f]|f[0-9a-e])-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"'
+TRACEPARENT_JSON_ZEROS = r'[{,]"traceparent":"[0-9a-f]{2}-(0{32}-[0-9a-f]{16}|[0-9a-f]{32}-0{16})-'
+TRACEPARENT_JSON_ANY = r'([{,])"traceparent":"(?:[^"\\]|\\.)*"'
 
 
 def flush() -> None:
@@ -248,7 +251,8 @@ def flush() -> None:
         provider.force_flush()
 
 
-_TRACEPARENT = re.compile(r'"traceparent"\s*:\s*"(00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})"')
+TRACEPARENT = "traceparent"  # NServiceBus's Headers.DiagnosticsTraceParent
+_TRACEPARENT = re.compile(r'00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}')
 
 
 def link_messages(header_texts: Iterable[str]) -> None:
@@ -262,11 +266,16 @@ def link_messages(header_texts: Iterable[str]) -> None:
 
     current = trace.get_current_span()
     seen = set()
+    import orjson
+
     for text in header_texts:
-        m = _TRACEPARENT.search(text or "")
-        if m is None or m.group(1) in seen:
+        try:  # the header by its parsed name: `x"traceparent` is another header
+            value = orjson.loads(text or "{}").get(TRACEPARENT)
+        except (orjson.JSONDecodeError, AttributeError):
             continue
-        seen.add(m.group(1))
-        _, trace_id, span_id, flags = m.group(1).split("-")
+        if not isinstance(value, str) or not _TRACEPARENT.fullmatch(value) or value in seen:
+            continue
+        seen.add(value)
+        _, trace_id, span_id, flags = value.split("-")
         if int(trace_id, 16) and int(span_id, 16):
             current.add_link(SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))))

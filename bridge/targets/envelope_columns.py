@@ -23,6 +23,7 @@ from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
 from bridge.targets.base import Skipped
 from bridge.targets.envelope import Outgoing
 from bridge.codecs.nservicebus import headers_json
+from bridge.tracing import TRACEPARENT
 from bridge.timefmt import to_wire
 
 _MARKER = re.compile(r"\\u0000(\w+)\\u0000")  # a marker as orjson writes it inside a JSON string
@@ -39,6 +40,7 @@ class TableColumns:
     headers: pa.Array  # string: the JSON text of each row's headers
     bodies: pa.Array  # binary
     due: pa.Array | None  # timestamp[us, UTC], for the delayed table
+    traced: bool = False  # its rows have a `traceparent` header (every row of a group has its example's names)
 
 
 @dataclass
@@ -80,7 +82,8 @@ def lane_outcomes(cols: PlainColumns, envelope: object, ledger_target: object) -
             pieces.append(part if i % 2 == 0 else _column(cols, escaped, part, rows, take))
         done.tables.append(TableColumns(
             out.kind, out.queue, cols.positions[rows], pc.binary_join_element_wise(*pieces, ""),
-            cols.bodies.take(take), cols.due.take(take) if out.due is DUE and cols.due is not None else None))
+            cols.bodies.take(take), cols.due.take(take) if out.due is DUE and cols.due is not None else None,
+            TRACEPARENT in out.headers))
         done.delivered.append((rows, ledger_target(out)))  # type: ignore[operator]
     return done
 

@@ -19,7 +19,7 @@ from bridge.targets.envelope import Outgoing
 from bridge.schemas.nservicebus import TargetTables
 from bridge.timefmt import naive_utc
 
-TRACEPARENT = "traceparent"  # NServiceBus's Headers.DiagnosticsTraceParent
+TRACEPARENT = tracing.TRACEPARENT
 
 if TYPE_CHECKING:  # the columnar lane's types: Arrow is imported when a lane batch is written
     import pyarrow as pa
@@ -125,11 +125,14 @@ class TargetWriter:
 
                 traced = pc.binary_join_element_wise(pc.utf8_slice_codeunits(headers, 0, -1),
                                                      pa.scalar(f',"{TRACEPARENT}":"{parent}"}}'), "")
-                own = pc.match_substring(headers, f'"{TRACEPARENT}":')
+                # Which rows have the header is told by its parsed name: a lane group's rows all
+                # have its example's names; never by searching the JSON text.
+                own = pa.array(np.concatenate([np.full(len(t.positions), t.traced) for t in lane]
+                                              + [np.array([TRACEPARENT in o.headers for _, o in rows], dtype=bool)]))
                 if pc.any(own).as_py():  # kept if NServiceBus can parse it (tracing.valid_traceparent), else replaced
                     kept = pc.and_(pc.match_substring_regex(headers, tracing.TRACEPARENT_JSON_VALID),
                                    pc.invert(pc.match_substring_regex(headers, tracing.TRACEPARENT_JSON_ZEROS)))
-                    fixed = pc.replace_substring_regex(headers, tracing.TRACEPARENT_JSON_ANY, f'"{TRACEPARENT}":"{parent}"')
+                    fixed = pc.replace_substring_regex(headers, tracing.TRACEPARENT_JSON_ANY, f'\\1"{TRACEPARENT}":"{parent}"')
                     headers = pc.if_else(own, pc.if_else(kept, headers, fixed), traced)
                 else:
                     headers = traced

@@ -4,6 +4,7 @@ identities its messages are keyed by; the checks before its first pass; its subs
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +32,9 @@ from bridge.targets.base import Target
 from bridge.schemas.nservicebus import transport_tables
 from bridge.targets.nservicebus import NServiceBusTarget
 from bridge.targets.writer import TargetWriter
+
+# How long a process trusts that a later state table is missing before it looks again (kept()).
+KEPT_RECHECK_SECONDS = 10.0
 
 log = logging.getLogger("qbridge.batch")
 
@@ -84,7 +88,9 @@ class JobSetup:
             source.due_only = not self.target.schedules
         self._ready: set[str] = set()
         self._ledger_checked = False
-        self._kept: dict[str, bool] = {}  # which of the later state tables the target has (kept())
+        # Which of the later state tables the target has (kept()): True, or when one was last missed.
+        self._kept: dict[str, float | bool] = {}
+        self.kept_recheck_seconds = KEPT_RECHECK_SECONDS
         # The fencing epoch of the job's lock, when this process holds it (bridge.ledger.fence): every
         # transaction that writes the job's books checks it last. None: not checked (tests that
         # drive a runner directly; quarantine replay, which serialises on the checkpoint row).
@@ -215,11 +221,17 @@ class JobSetup:
         return self.kept(self.state.givebacks)
 
     def kept(self, table: sa.Table) -> bool:
-        """Whether the target has `table`, one of the state tables later versions of `init` add (once a process)."""
-        if table.name not in self._kept:
+        """Whether the target has `table`, one of the state tables later versions of `init` add.
+        Found, it is taken as there for good; missing, it is looked for again after
+        KEPT_RECHECK_SECONDS: an operator runs `init` beside a running process (whose pauses,
+        give-backs and units in flight it must then see), and a miss costs one catalog query."""
+        now = time.monotonic()
+        seen = self._kept.get(table.name)
+        if seen is None or (seen is not True and now - seen >= self.kept_recheck_seconds):
             with self.target_engine.connect() as tconn:
-                self._kept[table.name] = sa.inspect(tconn).has_table(table.name, schema=table.schema)
-        return self._kept[table.name]
+                found = sa.inspect(tconn).has_table(table.name, schema=table.schema)
+            self._kept[table.name] = True if found else now
+        return self._kept[table.name] is True
 
     def inflight_kept(self) -> bool:
         """Whether keys in flight can be recorded and read; a move-mode Spark unit needs them."""

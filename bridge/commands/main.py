@@ -112,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     qa.add_argument("--since", metavar="WHEN", help="only messages quarantined since then: a time (UTC unless it says "
                     "otherwise) or how long ago (30m, 2h, 1d)")
     qa.add_argument("--all", action="store_true", help="every quarantined message (the default for list and history)")
+    qa.add_argument("--even-if-paused", action="store_true", help="replay: deliver a paused job's messages all the "
+                    "same; by default a replay of a paused job is refused, saying who paused it and why")
     qa.add_argument("--why", metavar="TEXT", help="why (kept in the audit trail; say it for discard)")
     qa.add_argument("--by", metavar="NAME", help="who, for the audit trail (default: the login name)")
     qa.add_argument("--json", action="store_true", help="one JSON document on stdout")

@@ -130,7 +130,7 @@ def _replay_edited(args: argparse.Namespace) -> int:
     actor = (args.by or "").strip() or operator()
     tally = _Tally(keep_all=True)
     for r in runners:
-        for o in QuarantineDesk(r, actor, (args.why or "").strip() or None).replay_edited(args.ids[0], edited):
+        for o in QuarantineDesk(r, actor, (args.why or "").strip() or None).replay_edited(args.ids[0], edited, args.even_if_paused):
             tally.add(o)
     return _settled(args, actor, tally)
 
@@ -169,7 +169,6 @@ def _quarantine_settle(args: argparse.Namespace) -> int:
             with r.target_engine.connect() as conn:
                 total = sum(g["count"] for g in r.state.failure_groups(conn, r.job.name, where)) if not args.ids else len(args.ids)
             desk = QuarantineDesk(r, actor, (args.why or "").strip() or None)
-            act = desk.replay if args.action == "replay" else desk.discard
             label = f"{args.action} {r.job.name}"
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
@@ -181,7 +180,17 @@ def _quarantine_settle(args: argparse.Namespace) -> int:
                     progress.advance(t)
                     said.advance()
 
-                act(args.ids, where or None, on_each=each, should_stop=stop.is_set, keep=False)
+                def waiting(why, t=task, label=label) -> None:  # held by back-pressure: said, not silent
+                    progress.update(t, description=f"{label} (waiting: {why})" if why else label)
+                    if why:
+                        err.print(f"qbridge: {label}: waiting: {why} (Ctrl-C stops; what was replayed stays replayed)",
+                                  markup=False, highlight=False)
+
+                if args.action == "replay":
+                    desk.replay(args.ids, where or None, on_each=each, should_stop=stop.is_set, keep=False,
+                                even_if_paused=args.even_if_paused, on_wait=waiting)
+                else:
+                    desk.discard(args.ids, where or None, on_each=each, should_stop=stop.is_set, keep=False)
             if stop.is_set():
                 break
     finally:

@@ -73,6 +73,20 @@ class Steering:
         when = f"{self.paused_at:%Y-%m-%d %H:%M:%S} UTC" if self.paused_at else "an unknown time"
         return f"job {self.job!r} is paused by {self.paused_by or 'someone'} since {when}: {self.why or '(no reason given)'}"
 
+    def replay_refused(self) -> str:
+        """Why a replay of the paused job's messages is refused (`quarantine replay`, the page's button)."""
+        return (f"{self.paused_line()}; its messages are not replayed while it is paused (resume it, or replay with "
+                "--even-if-paused)")
+
+    @classmethod
+    def from_json(cls, job: str, d: dict) -> Steering:
+        """`as_json` read back (the status page's books)."""
+        def at(text: str | None) -> datetime | None:
+            return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ") if text else None
+
+        return cls(job, bool(d.get("paused")), d.get("paused_by"), at(d.get("paused_at")), d.get("why"), d.get("held"),
+                   at(d.get("held_since")), float(d.get("held_seconds") or 0.0))
+
     def as_json(self) -> dict:
         return {"paused": self.paused, "paused_by": self.paused_by,
                 "paused_at": self.paused_at.strftime("%Y-%m-%dT%H:%M:%SZ") if self.paused_at else None,

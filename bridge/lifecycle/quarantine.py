@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import sqlalchemy as sa
 
 from bridge import faults, tracing
 from bridge.db import unique_violation
+from bridge.errors import BridgeError
 from bridge.ledger.failure_groups import group_of
 from bridge.ledger.state import QuarantineFilter, State
 from bridge.ledger.totals import counted
@@ -35,6 +37,8 @@ from bridge.timefmt import UTC, naive_utc, utcnow
 
 log = logging.getLogger("qbridge.quarantine")
 PAGE = 500  # quarantined rows (with their raw rows) read at a time by replay and discard
+GATE_LOOK = 1.0  # seconds a replay goes on between looks at the job's pause and queue depths
+GATE_POLL = 0.5  # seconds between looks while a replay waits
 
 
 def operator() -> str:
@@ -68,6 +72,59 @@ class _AlreadyThere(Exception):
     """The target holds the message's id already (the transaction was rolled back)."""
 
 
+class JobPaused(BridgeError):
+    """A replay of a paused job's messages, refused: say --even-if-paused to deliver them."""
+
+
+class _Gate:
+    """What a replay waits for between messages, as a pass does (pipeline/steer.py): the job's
+    pause, its max_rate, and back-pressure from the destination queues' max_target_depth. The
+    books are read at most every GATE_LOOK seconds, and before every message while a queue is
+    within a batch of its limit (its room, counted down as messages go)."""
+
+    def __init__(self, runner: JobRunner, even_if_paused: bool, on_wait: Callable[[str | None], None],
+                 should_stop: Callable[[], bool]) -> None:
+        self.runner, self.even_if_paused, self.on_wait, self.should_stop = runner, even_if_paused, on_wait, should_stop
+        self.looked = 0.0
+        self.room: int | None = None
+
+    def refuse_if_paused(self) -> None:
+        steering = self.runner.steering()
+        if steering.paused and not self.even_if_paused:
+            raise JobPaused(steering.replay_refused())
+
+    def wait(self) -> None:
+        r = self.runner
+        r.pace.wait(self.should_stop)
+        if time.monotonic() - self.looked < GATE_LOOK and (self.room is None or self.room > 0):
+            return
+        held = f"job {r.job.name!r} held: "
+        waited: str | None = None
+        while not self.should_stop():
+            why = r.may_go()
+            self.looked = time.monotonic()
+            if why is not None and not why.startswith(held):  # paused since the replay began
+                if self.even_if_paused:
+                    break
+                raise JobPaused(f"{why}; the replay stopped there (what it replayed stays replayed): resume the job "
+                                "and run it again, or replay with --even-if-paused")
+            if why is None:
+                break
+            if why != waited:
+                self.on_wait(why)
+                waited = why
+            time.sleep(GATE_POLL)
+        if waited:
+            self.on_wait(None)
+        self.room = r.pressure.room()
+
+    def spent(self, o: Outcome) -> None:
+        if o.action == "replayed" and o.outcome == "delivered":
+            self.runner.pace.spent(1)
+            if self.room is not None:
+                self.room -= 1
+
+
 class QuarantineDesk:
     """Replay and discard for one job, against its target database."""
 
@@ -81,21 +138,43 @@ class QuarantineDesk:
 
     def replay(self, ids: list[str] | None, where: QuarantineFilter | None = None,
                on_each: Callable[[Outcome], None] = lambda o: None, should_stop: Callable[[], bool] = lambda: False,
-               keep: bool = True) -> list[Outcome]:
+               keep: bool = True, even_if_paused: bool = False,
+               on_wait: Callable[[str | None], None] = lambda why: None) -> list[Outcome]:
         """Each message `ids` or `where` names, one target transaction each, a page of PAGE read
         at a time; `should_stop` is asked between messages (a stopped replay is resumed by
-        running it again: what was replayed has left the quarantine)."""
-        return self._each(ids, where, self._replay_one, on_each, should_stop, keep)
+        running it again: what was replayed has left the quarantine).
+
+        A replay delivers as a pass does, so it is steered as one (issue 45): a paused job's
+        messages are refused (JobPaused, who paused it and why) unless `even_if_paused`; it keeps
+        to `max_rate` and waits while a destination queue holds its `max_target_depth`, telling
+        `on_wait` why it waits (and None once it goes on)."""
+        gate = _Gate(self.runner, even_if_paused, on_wait, should_stop)
+        gate.refuse_if_paused()
+
+        def one(q: dict[str, Any]) -> Outcome:
+            gate.wait()
+            if should_stop():
+                return Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "not-replayed",
+                               "quarantined", "stopped before it was replayed")
+            o = self._replay_one(q)
+            gate.spent(o)
+            return o
+
+        one.__name__ = "replay"
+        return self._each(ids, where, one, on_each, should_stop, keep, replay=True)
 
     def _each(self, ids: list[str] | None, where: QuarantineFilter | None, act: Callable[[dict[str, Any]], Outcome],
-              on_each: Callable[[Outcome], None], should_stop: Callable[[], bool], keep: bool) -> list[Outcome]:
+              on_each: Callable[[Outcome], None], should_stop: Callable[[], bool], keep: bool,
+              replay: bool = False) -> list[Outcome]:
         """The outcomes (none kept with `keep=False`: a group of a million is settled in bounded
         memory, its outcomes seen one by one through `on_each`)."""
-        name = "qbridge.quarantine.replay" if act == self._replay_one else "qbridge.quarantine.discard"
+        name = "qbridge.quarantine.replay" if replay else "qbridge.quarantine.discard"
         with tracing.span(name, job=self.runner.job.name, group=where.group if where else None, actor=self.actor) as s:
             out: list[Outcome] = []
             messages = failed_again = 0
             for o in self._acted(ids, where, act, should_stop):
+                if o.action == "not-replayed":  # stopped while it waited
+                    break
                 messages += 1
                 failed_again += o.action == "replay-failed"
                 if keep:
@@ -127,12 +206,13 @@ class QuarantineDesk:
             last = rows[-1]
             after = (naive_utc(datetime.fromisoformat(last["at"])), last["queue"], last["source_key"])
 
-    def replay_edited(self, message_id: str, edited: dict[str, Any]) -> list[Outcome]:
+    def replay_edited(self, message_id: str, edited: dict[str, Any], even_if_paused: bool = False) -> list[Outcome]:
         """Replays one message from an operator's edited copy of its raw row (ServicePulse's edit
         and retry). The key and the source's identity columns are locked, so the message keeps
         its id and Outbox endpoints still de-duplicate; the audit trail keeps the row as it was
         kept, which columns changed and the row after the edit. The quarantine keeps the kept
         row should the edited one fail too."""
+        _Gate(self.runner, even_if_paused, lambda why: None, lambda: False).refuse_if_paused()
         out = []
         for q in self._rows([message_id]):
             source = self.runner.sources.get(q["queue"])

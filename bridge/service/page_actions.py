@@ -44,10 +44,12 @@ class Operation:
     failed: int = 0
     finished: bool = False
     error: str | None = None
+    waiting: str | None = None  # why it waits now: back-pressure holds the job
     thread: threading.Thread | None = field(default=None, repr=False)
 
     def line(self) -> str:
-        state = "failed: " + self.error if self.error else ("done" if self.finished else "running")
+        state = ("failed: " + self.error if self.error else "done" if self.finished
+                 else f"waiting: {self.waiting}" if self.waiting else "running")
         again = f", {self.failed:,} failed again" if self.failed else ""
         return f"{self.action} of group {self.group} ({self.job}) by {self.actor}: {self.done:,} of {self.total:,}{again}, {state}"
 
@@ -98,6 +100,10 @@ class PageActions:
                 return "400 Bad Request", "which group?"
             if what == "discard-group" and not why:
                 return "400 Bad Request", "say why the group is discarded"
+            if what == "replay-group":
+                steering = runner.steering()
+                if steering.paused:  # the button is disabled with these words; a stale page still posts
+                    return "409 Conflict", steering.replay_refused()
             return self._start(worker, group, what.removesuffix("-group"), actor, why)
         return "404 Not Found", f"no action {what!r}"
 
@@ -146,8 +152,10 @@ class PageActions:
 
         try:
             desk = QuarantineDesk(worker.runner, op.actor, why)
-            act = desk.replay if op.action == "replay" else desk.discard
-            act(None, where, on_each=each, keep=False)
+            if op.action == "replay":
+                desk.replay(None, where, on_each=each, keep=False, on_wait=lambda why: setattr(op, "waiting", why))
+            else:
+                desk.discard(None, where, on_each=each, keep=False)
         except Exception as e:  # noqa: BLE001 - said on the page and in the log; what was done stays done
             op.error = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
             log.warning("job=%s %s of group %s stopped: %s", op.job, op.action, op.group, op.error)

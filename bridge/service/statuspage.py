@@ -19,6 +19,7 @@ from datetime import datetime
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from bridge.ledger.steering import Steering
 from bridge.pipeline.stats import PassStats
 from bridge.service.view import WorkerView
 
@@ -193,7 +194,9 @@ def render(title: str, workers: list[WorkerView], history: History, books_of: Ca
         quarantine_rows += [(job, r) for r in rows]
         try:
             with w.runner.target_engine.connect() as conn:
-                groups_html += [_group_row(job, g, actions, query) for g in w.runner.state.failure_groups(conn, job)]
+                paused = Steering.from_json(job, steering) if steering and steering["paused"] else None
+                refused = paused.replay_refused() if paused else None
+                groups_html += [_group_row(job, g, actions, query, refused) for g in w.runner.state.failure_groups(conn, job)]
         except Exception:  # noqa: BLE001 - the page shows what it can
             pass
     quarantine_rows.sort(key=lambda jr: jr[1]["at"], reverse=True)
@@ -264,11 +267,16 @@ def _overview_row(w: WorkerView, direction: str, state: str, books: dict[str, An
             f"{act}</tr>")
 
 
-def _group_row(job: str, g: dict[str, Any], actions: PageActions | None, query: str) -> str:
+def _group_row(job: str, g: dict[str, Any], actions: PageActions | None, query: str, refused: str | None = None) -> str:
+    """`refused`: why the group's replay is refused now (its job is paused): the button is
+    disabled, and says so."""
     act = ""
     if actions is not None:
         fields = {"job": job, "group": g["group"] or ""}
-        act = ("<td>" + _form(actions, query, "replay-group", fields, _BY, "replay")
+        replay = (_form(actions, query, "replay-group", fields, _BY, "replay") if refused is None else
+                  f'<button type="button" class="replay-refused" disabled title="{_e(refused)}">replay</button>'
+                  f'<small class="refused">{_e(refused)}</small>')
+        act = ("<td>" + replay
                + _form(actions, query, "discard-group", fields, _BY + '<input name="why" placeholder="why" size="14" required>',
                        "discard") + "</td>")
     return (f'<tr class="group" data-group="{_e(g["group"])}" data-job="{_e(job)}"><td><code>{_e(g["group"])}</code></td>'

@@ -79,7 +79,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     d = q.deep
                     out.print(f"job {b.job} queue {q.queue}: deep check compared {d['compared']} delivered messages with "
                               f"their source rows: {d['matched']} match, {d['mismatched']} differ; {d['consumed']} already "
-                              f"consumed from the target", markup=False)
+                              f"consumed from the target" + (f"; {d['moved']} consumed from the source by move mode, "
+                                                              "nothing left there to compare" if d["moved"] else ""),
+                              markup=False)
                     if d["mismatched_keys"]:
                         out.print(f"  differing source keys: {', '.join(d['mismatched_keys'])}", markup=False)
             for s in b.unroutable_subscriptions:

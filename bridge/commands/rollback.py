@@ -11,6 +11,7 @@ from rich.table import Table
 
 from bridge.commands.common import out, runners_of
 from bridge.commands.jobs import holding
+from bridge.db import read_only_engine
 from bridge.errors import UsageError
 from bridge.lifecycle.rollback import Withdrawal, check, rollback, row_key
 
@@ -24,8 +25,17 @@ def rollback_command(args: argparse.Namespace) -> int:
         for line in statements(runner):
             out.print(line, markup=False, highlight=False)
         return 0
-    with holding(args, [runner]):
-        results = rollback(runner, args.queue, dry_run=args.dry_run, config=config)
+    if args.dry_run:
+        # No lock and no fence (taking them raises the job's epoch), and read-only connections:
+        # a dry run writes nothing anywhere, and runs with a login that can only read.
+        runner.target_engine = read_only_engine(runner.target_url)
+        try:
+            results = rollback(runner, args.queue, dry_run=True, config=config)
+        finally:
+            runner.target_engine.dispose()
+    else:
+        with holding(args, [runner]):
+            results = rollback(runner, args.queue, dry_run=False, config=config)
     if args.json:
         sys.stdout.write(orjson.dumps({"dry_run": args.dry_run, "queues": [w.as_dict() for w in results]}).decode() + "\n")
         return 0

@@ -127,7 +127,10 @@ def _rollback(runner: JobRunner, queue: str | None, dry_run: bool, config: Confi
     for name in [queue] if queue else list(runner.sources):
         w = Withdrawal(runner.job.name, name)
         out.append(w)
-        runner._prepare(name, give_back=False)  # a dry run writes nothing; a rollback counts what it gives back
+        if dry_run:  # writes nothing, not even a checkpoint row: it may run with a login that can only read
+            runner.check_ledger()
+        else:
+            runner._prepare(name, give_back=False)  # a rollback counts what it gives back itself
         if not dry_run:
             # Rows a pass delivered and did not consume yet, and rows an earlier rollback still
             # owes, settled first: every delivered row is then consumed, and every owed one back.

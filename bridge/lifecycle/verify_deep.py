@@ -35,6 +35,7 @@ class DeepBooks:
     matched: int = 0
     mismatched: int = 0
     consumed: int = 0  # delivered, then taken off the target queue by an endpoint: nothing to compare
+    moved: int = 0  # move mode consumed its legacy row (gone, or NGinn's 'X'): nothing left to compare with
     mismatched_keys: list[str] = field(default_factory=list)
 
 
@@ -62,6 +63,7 @@ def _target_digests(runner: JobRunner, tconn: sa.Connection, tables: set[str]) -
 def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
     """Per queue of the job: delivered messages compared with their source rows."""
     books: dict[str, DeepBooks] = {q: DeepBooks() for q in runner.sources}
+    move = runner.job.mode == "move"
     with runner.target_engine.connect() as tconn, runner.source_engine.connect() as sconn:
         # queue -> (key, message id, what its source row makes today: a digest, None, or GONE)
         recomputed: dict[str, list[tuple[str, str, Any]]] = defaultdict(list)
@@ -74,6 +76,11 @@ def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
                 rows = _fetch(source, sconn, [k for k, _, _ in chunk])
                 for key, mid, target in chunk:
                     row = rows.get(key)
+                    if move and (row is None or row.values.get("subqueue") == "X"):
+                        # The row this job consumed says what it became, not what it was: a
+                        # processed row maps to a skip, and a deleted one to nothing.
+                        books[queue].moved += 1
+                        continue
                     now, where = _recompute(source, row, runner, translated) if row is not None else (GONE, None)
                     # A range keeps no target: the row mapped again says where it went.
                     targets.update(t for t in (target, where) if t)

@@ -109,9 +109,8 @@ class Schedule(BaseModel):
     def _one(self) -> Schedule:
         if (self.every is None) == (self.cron is None):
             raise ValueError("give exactly one of 'every' (e.g. \"5s\") or 'cron' (e.g. \"*/5 * * * *\")")
-        if self.every is not None:
-            if parse_duration(self.every) <= 0:
-                raise ValueError(f"every = {self.every!r} must be longer than 0")
+        if self.every is not None and parse_duration(self.every) <= 0:
+            raise ValueError(f"every = {self.every!r} must be longer than 0")
         if self.cron is not None:
             from apscheduler.triggers.cron import CronTrigger
 
@@ -231,7 +230,7 @@ class ServiceConfig(BaseModel):
 
             try:
                 parse_listen(value)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - parse_listen's own errors become a located config error
                 raise ValueError(str(e).replace("--listen", "listen")) from None
         return value
 
@@ -265,7 +264,7 @@ class ConfigFile(BaseModel):
         for name, url in self.connections.items():
             try:
                 make_url(url)
-            except Exception:
+            except Exception:  # noqa: BLE001 - make_url raises several kinds; any of them means not a URL
                 problems.append(f"connections.{name}: not a SQLAlchemy URL (expected e.g. postgresql+psycopg://host/db)")
         return problems
 
@@ -276,7 +275,7 @@ MSSQL_BATCH_MAX = 2000
 def _backend(url: str) -> str | None:
     try:
         return make_url(url).get_backend_name()
-    except Exception:
+    except Exception:  # noqa: BLE001 - an unparseable URL is reported by check_urls
         return None
 
 
@@ -287,8 +286,8 @@ def _direction_problems(i: int, job: JobConfig) -> list[str]:
     if src.system == NSB and tgt.system == NSB:
         return [f"{at}.target.system: a job reading NServiceBus writes a legacy system; give one of {', '.join(LEGACY_SYSTEMS)}"]
     if src.system != NSB and tgt.system != NSB:
-        return [f"{at}.target.system: {tgt.system!r} is a legacy system, and so is the source {src.system!r}; "
-                "one side of a job is NServiceBus (leave target.system out for NServiceBus)"]
+        return [(f"{at}.target.system: {tgt.system!r} is a legacy system, and so is the source {src.system!r}; "
+                 "one side of a job is NServiceBus (leave target.system out for NServiceBus)")]
     problems = []
     if src.system == NSB:
         if src.flavor is None:
@@ -333,7 +332,7 @@ def mask_url(url: str) -> str:
     """The URL with its password replaced by ***, safe for logs and output."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - masking must never fail, whatever the URL
         return "<unparseable URL>"
 
 
@@ -356,8 +355,8 @@ def load_config(path: str | Path) -> Config:
             unknown = sorted(set(limits) - routed - {"*"})
             if unknown:  # a misspelt queue would leave the real one without its limit, silently
                 raise ConfigError(str(path), [
-                    f"jobs[{i}].max_target_depth: {', '.join(map(repr, unknown))} is no queue the mapping routes to "
-                    f"(its queues: {', '.join(sorted(routed)) or 'none'}; \"*\" means every other)"])
+                    (f"jobs[{i}].max_target_depth: {', '.join(map(repr, unknown))} is no queue the mapping routes to "
+                     f"(its queues: {', '.join(sorted(routed)) or 'none'}; \"*\" means every other)")])
     return Config(path, data, mappings)
 
 

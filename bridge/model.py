@@ -6,8 +6,8 @@ import hashlib
 import secrets
 import time
 import uuid
-from datetime import datetime
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated, Literal, NamedTuple
 
 from pydantic import AwareDatetime as PydanticAwareDatetime

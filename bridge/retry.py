@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import contextvars
+import logging
 import time
 from collections.abc import Callable
 from typing import TypeVar

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-UTC = timezone.utc
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -85,7 +84,7 @@ def to_wire(value: datetime) -> str:
     if value.tzinfo is not UTC:
         value = value.astimezone(UTC)
     # %-formatting of the fields: a third of isoformat-and-slice's time, and this runs per message.
-    return "%04d-%02d-%02d %02d:%02d:%02d:%06d Z" % (
+    return "%04d-%02d-%02d %02d:%02d:%02d:%06d Z" % (  # noqa: UP031 - see above
         value.year, value.month, value.day, value.hour, value.minute, value.second, value.microsecond)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import math
 import struct
 import zlib
 from dataclasses import dataclass
@@ -110,7 +111,7 @@ def _struct(fmt: str) -> struct.Struct:
 
 def ole_date(value: float) -> str:
     """An OLE Automation date (days since 1899-12-30; the fraction is the time even below zero) as ISO text."""
-    if value != value or abs(value) > 2_958_466:  # NaN, or past year 9999
+    if math.isnan(value) or abs(value) > 2_958_466:  # or past year 9999
         raise BizTalkFormatError(f"VT_DATE {value!r} is out of range")
     days = int(value)
     ms = round(abs(value - days) * 86_400_000)

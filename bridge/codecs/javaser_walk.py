@@ -20,8 +20,22 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from bridge.codecs.javaser import (
-    BASE_HANDLE, SC_BLOCK_DATA, SC_EXTERNALIZABLE, SC_SERIALIZABLE, SC_WRITE_METHOD, TC_ARRAY, TC_BLOCKDATA,
-    TC_BLOCKDATALONG, TC_CLASSDESC, TC_ENDBLOCKDATA, TC_LONGSTRING, TC_NULL, TC_OBJECT, TC_REFERENCE, TC_STRING, mutf8,
+    BASE_HANDLE,
+    SC_BLOCK_DATA,
+    SC_EXTERNALIZABLE,
+    SC_SERIALIZABLE,
+    SC_WRITE_METHOD,
+    TC_ARRAY,
+    TC_BLOCKDATA,
+    TC_BLOCKDATALONG,
+    TC_CLASSDESC,
+    TC_ENDBLOCKDATA,
+    TC_LONGSTRING,
+    TC_NULL,
+    TC_OBJECT,
+    TC_REFERENCE,
+    TC_STRING,
+    mutf8,
 )
 
 EXTERNAL_FLAGS = SC_EXTERNALIZABLE | SC_BLOCK_DATA
@@ -49,7 +63,7 @@ _READ_MAP = object()  # the kind of a java.util.HashMap chain
 class _Desc:
     """One class descriptor, without its superclass (that is per stream)."""
 
-    __slots__ = ("name", "flags", "fields")
+    __slots__ = ("fields", "flags", "name")
 
     def __init__(self, name: str, flags: int, fields: tuple[tuple[str, str], ...]) -> None:
         self.name, self.flags, self.fields = name, flags, fields
@@ -58,7 +72,7 @@ class _Desc:
 class _Known:
     """A descriptor seen before, under the bytes of its name, suid, flags and field count."""
 
-    __slots__ = ("desc", "tail", "whole", "under")
+    __slots__ = ("desc", "tail", "under", "whole")
 
     def __init__(self, desc: _Desc, tail: bytes) -> None:
         self.desc, self.tail = desc, tail  # tail: its fields and the end of its class annotation
@@ -77,7 +91,7 @@ class Walker:
     each gets the walker at the object's block data and leaves it at the end marker."""
 
     EXTERNAL: ClassVar[dict[str, Callable[[Any], Any]]] = {}
-    __slots__ = ("data", "end", "pos", "handles")
+    __slots__ = ("data", "end", "handles", "pos")
 
     def __init__(self, data: bytes) -> None:
         self.data = data

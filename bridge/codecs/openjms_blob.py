@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.codecs import openjms_fast
-from bridge.codecs.javaser import JavaArray, JavaObject, JavaStreamError, Payload, mutf8, read, utf16
+from bridge.codecs.javaser import (
+    JavaArray,
+    JavaObject,
+    JavaStreamError,
+    Payload,
+    mutf8,
+    read,
+    utf16,
+)
 
 PKG = "org.exolab.jms.message."
 MESSAGE_TYPES = {
@@ -59,7 +67,7 @@ def decode(blob: bytes) -> JmsMessage:
     """Every JMS header, property and the body of one messageBlob; BlobError saying why not."""
     try:
         msg = decode_fast(blob)
-    except Exception:  # the fast path only saves time: a fault in it must not cost the row
+    except Exception:  # noqa: BLE001 - the fast path only saves time: a fault in it must not cost the row
         msg = None
     return msg if msg is not None else decode_generic(blob)
 

@@ -25,7 +25,7 @@ def cmd_init(args: argparse.Namespace) -> int:
             for line in init.sql_for_dba(p):
                 out.print(line, markup=False, highlight=False)
             continue
-        say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+        say = lambda line: err.print(line, markup=False, highlight=False)
         upgrades = ((init.convert_ledger, "converted the ledger's {:,} entries to the (origin, source key) layout"),
                     (init.add_ledger_totals, "counted the ledger's {:,} entries into per-queue totals (qbridge_totals)"),
                     (init.fold_ranges, "folded the ledger's {:,} NGinn entries into ranges (qbridge_ledger_ranges)"),
@@ -36,8 +36,8 @@ def cmd_init(args: argparse.Namespace) -> int:
                 out.print(f"{p.connection}: " + done.format(n), markup=False, highlight=False)
         created, existing = init.create_missing(p)
         if p.has_state:
-            from bridge.ledger.giveback import unclaimed, unclaimed_advice
             from bridge.db import engine_for
+            from bridge.ledger.giveback import unclaimed, unclaimed_advice
             from bridge.ledger.state import State
 
             for j, q, n in unclaimed(engine_for(p.url), State(p.schema), config.jobs):

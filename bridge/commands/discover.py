@@ -12,9 +12,9 @@ from rich.table import Table
 
 from bridge.commands.common import err, out
 from bridge.db import describe, read_only_engine
+from bridge.errors import UsageError
 from bridge.lifecycle.discover import discover
 from bridge.lifecycle.discover_write import write_starter
-from bridge.errors import UsageError
 
 
 def discover_command(args: argparse.Namespace) -> int:

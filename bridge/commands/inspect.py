@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import orjson
 
@@ -14,7 +15,7 @@ from bridge.lifecycle.blob_inspect import INSPECTORS
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
-        blobs = [open(f, "rb").read() for f in args.files]
+        blobs = [Path(f).read_bytes() for f in args.files]
     except OSError as e:
         raise UnreadableBlob(f"{e.filename}: {e.strerror}") from None
     try:

@@ -8,8 +8,9 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
-from typing import Any, ContextManager
+from typing import Any
 
 from bridge.commands.common import err, out, runners_of
 from bridge.commands.steering import unpaused

@@ -124,8 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     lg.add_argument("action", choices=["prune"], help="prune: scan sources' and reverse jobs' entries that can no longer matter")
     lg.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
     lg.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    for name, help_ in (("pause", "pause one job at runtime, for every process that runs it (`qbridge run`, its standbys, "
-                                  "sync, migrate): a batch in flight commits, and no other starts until `qbridge resume`"),
+    for name, help_ in (("pause", ("pause one job at runtime, for every process that runs it (`qbridge run`, its standbys, "
+                                   "sync, migrate): a batch in flight commits, and no other starts until `qbridge resume`")),
                         ("resume", "resume a paused job: every process running it goes on from its next batch")):
         ps = cmd(name, help_)
         ps.add_argument("--why", metavar="TEXT", required=name == "pause", help="why (shown wherever the job shows as paused, "

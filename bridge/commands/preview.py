@@ -75,7 +75,7 @@ def _print(p: JobPreview) -> None:
                   ", ".join(f"{rule} {n:,}" for rule, n in q.skipped.most_common()),
                   f"{q.already:,}", f"{q.quarantine_count:,}")
     out.print(t)
-    say = lambda line: out.print(line, markup=False, highlight=False)  # noqa: E731
+    say = lambda line: out.print(line, markup=False, highlight=False)
     for q in p.queues:
         if q.problem:
             say(f"{q.queue}: not read: {q.problem}")

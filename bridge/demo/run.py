@@ -13,14 +13,8 @@ import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
-from bridge.lifecycle import init
 from bridge.config import load_config
 from bridge.db import dispose_all, engine_for
-from bridge.pipeline.inprocess import run_inprocess
-from bridge.pipeline.spark import run_spark
-from bridge.pipeline.loop import JobRunner
-from bridge.lifecycle.verify import verify
-from bridge.timefmt import to_wire, utcnow
 from bridge.demo.samples import (
     biztalk_message,
     biztalk_store,
@@ -31,6 +25,12 @@ from bridge.demo.samples import (
     openjms_message,
     openjms_store,
 )
+from bridge.lifecycle import init
+from bridge.lifecycle.verify import verify
+from bridge.pipeline.inprocess import run_inprocess
+from bridge.pipeline.loop import JobRunner
+from bridge.pipeline.spark import run_spark
+from bridge.timefmt import to_wire, utcnow
 
 MAPPING = """\
 [routes]

@@ -35,7 +35,6 @@ import orjson
 import sqlalchemy as sa
 
 from bridge import faults, tracing
-
 from bridge.ledger import giveback_marks
 from bridge.ledger.state import LedgerEntry, Quarantined, State, naive_utc
 from bridge.timefmt import utcnow

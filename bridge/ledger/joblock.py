@@ -31,8 +31,8 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
-from bridge.ledger import fence
 from bridge.errors import JobBusy, LockLost  # noqa: F401 - LockLost is imported from here too
+from bridge.ledger import fence
 
 log = logging.getLogger("qbridge.run")
 # How this process names itself where others can see it (PostgreSQL's application_name).
@@ -150,7 +150,7 @@ class JobLock:
         if self._file is not None:
             return True
         path = Path(self.engine.url.database or "qbridge").resolve()
-        f = open(f"{path}.{self.name}.lock", "ab")
+        f = open(f"{path}.{self.name}.lock", "ab")  # noqa: SIM115 - the open file is the lock, closed by release()
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,9 +27,9 @@ import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
 from bridge.ledger.ranges import RANGES, Ranges, ranges_table
+from bridge.ledger.state import State
 from bridge.ledger.upgrade import rename_sql, without_ranges
 from bridge.sources import source_class
-from bridge.ledger.state import State
 
 RANGES_NEW = RANGES + "_new"
 CHUNK = 10_000  # entries folded per transaction

@@ -14,23 +14,22 @@ from typing import Any, NamedTuple
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from bridge.codecs.jsonsafe import raw_json, writable
+from bridge.ledger import quarantine_rows
 from bridge.ledger.failure_groups import GROUP_LENGTH, group_of
 from bridge.ledger.fence import jobs_table
+from bridge.ledger.gaps import Gap
 from bridge.ledger.inflight import Inflight, inflight_table
-from bridge.ledger import quarantine_rows
 from bridge.ledger.quarantine_rows import QuarantineFilter
 from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
+from bridge.ledger.totals import Totals, batch_counts, totals_table
 from bridge.model import LEDGER_KEY_MAX, pending_key
-from bridge.ledger.gaps import Gap
-
 from bridge.targets.bulk import insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
-from bridge.ledger.totals import Totals, batch_counts, totals_table
 
 LEDGER = "qbridge_ledger"
 CHECKPOINT = "qbridge_checkpoint"

@@ -19,9 +19,15 @@ import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
 from bridge.ledger.ranges import RANGES
-from bridge.model import message_id_for, queue_origin
-from bridge.ledger.state import LEDGER, LEDGER_COLUMNS, QUARANTINE, ledger_table, state_tables
+from bridge.ledger.state import (
+    LEDGER,
+    LEDGER_COLUMNS,
+    QUARANTINE,
+    ledger_table,
+    state_tables,
+)
 from bridge.ledger.totals import TOTALS, Totals, totals_table
+from bridge.model import message_id_for, queue_origin
 
 NEW, OLD = LEDGER + "_new", LEDGER + "_old"
 TOTALS_NEW = TOTALS + "_new"

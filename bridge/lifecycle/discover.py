@@ -18,9 +18,12 @@ import sqlalchemy as sa
 
 from bridge.config import JobConfig
 from bridge.errors import BadRow
+from bridge.schemas.openjms import is_queue
+from bridge.schemas.openjms import tables as openjms_tables
 from bridge.sources import source_class
-from bridge.sources.nginn import COLUMNS as NGINN_COLUMNS, STATES as NGINN_STATES, SUBSCRIPTION_TABLES, live_subscriptions
-from bridge.schemas.openjms import is_queue, tables as openjms_tables
+from bridge.sources.nginn import COLUMNS as NGINN_COLUMNS
+from bridge.sources.nginn import STATES as NGINN_STATES
+from bridge.sources.nginn import SUBSCRIPTION_TABLES, live_subscriptions
 from bridge.timefmt import zone
 
 SAMPLE = 200  # messages decoded per queue for the types seen

@@ -18,16 +18,24 @@ from bridge.config import Config, JobConfig
 from bridge.db import dialect_for, engine_for
 from bridge.errors import TargetSchemaError
 from bridge.ledger.giveback_marks import marks_table
-from bridge.ledger.upgrade import NEW, TOTALS_NEW, QueueOrigin, add_groups, add_totals, conversion, convert, totals_sql
-from bridge.pipeline.loop import database_identity
 from bridge.ledger.ranges_upgrade import add_ranges
-from bridge.sources import source_class
 from bridge.ledger.state import ledger_table, state_tables
 from bridge.ledger.totals import totals_table
+from bridge.ledger.upgrade import (
+    NEW,
+    TOTALS_NEW,
+    QueueOrigin,
+    add_groups,
+    add_totals,
+    conversion,
+    convert,
+    totals_sql,
+)
+from bridge.pipeline.loop import database_identity
+from bridge.schemas.nservicebus import create_statements, transport_tables
+from bridge.sources import source_class
 from bridge.targets import target_class
 from bridge.targets.base import Target
-from bridge.schemas.nservicebus import create_statements
-from bridge.schemas.nservicebus import transport_tables
 
 
 @dataclass
@@ -201,16 +209,16 @@ def sql_for_dba(p: TargetPlan) -> list[str]:
     sep = "\nGO" if p.backend == "mssql" else ";"
     lines = [f"-- connection {p.connection!r}: {p.label}", *(stmt + sep + "\n" for stmt in ddl(p)), *(n + "\n" for n in notes(p))]
     upgrades = (
-        (conversion_sql(p), f"-- Only where {p.connection!r} has a qbridge_ledger made by qbridge before its (origin, "
-                            "source_key) key, and with every qbridge process stopped: convert it (`qbridge init` does this "
-                            "itself, after checking that every entry belongs to a queue of this config)"),
-        (totals_upgrade_sql(p), f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_totals (made by an "
-                                "earlier qbridge), with every qbridge process stopped: count the ledger once into per-queue "
-                                "totals (`qbridge init` does this itself)"),
+        (conversion_sql(p), (f"-- Only where {p.connection!r} has a qbridge_ledger made by qbridge before its (origin, "
+                             "source_key) key, and with every qbridge process stopped: convert it (`qbridge init` does "
+                             "this itself, after checking that every entry belongs to a queue of this config)")),
+        (totals_upgrade_sql(p), (f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_totals (made by an "
+                                 "earlier qbridge), with every qbridge process stopped: count the ledger once into "
+                                 "per-queue totals (`qbridge init` does this itself)")),
         (["-- (no SQL: bits are set in Python)\n"] if p.has_state else [],
-         f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_ledger_ranges (made by an earlier qbridge): "
-         "`qbridge init` folds the entries of NGinn queues into qbridge_ledger_ranges_new, 10,000 per transaction "
-         "(resumable), and renames it into place; every other command refuses the ledger until then"),
+         (f"-- Only where {p.connection!r} has a qbridge_ledger but no qbridge_ledger_ranges (made by an earlier qbridge): "
+          "`qbridge init` folds the entries of NGinn queues into qbridge_ledger_ranges_new, 10,000 per transaction "
+          "(resumable), and renames it into place; every other command refuses the ledger until then")),
     )
     for statements, when in upgrades:
         if statements:

@@ -30,8 +30,8 @@ from bridge.ledger.failure_groups import group_of
 from bridge.ledger.state import QuarantineFilter, State
 from bridge.ledger.totals import counted
 from bridge.model import message_id_for, queue_origin
-from bridge.pipeline.refusals import write_refusing
 from bridge.pipeline.loop import JobRunner
+from bridge.pipeline.refusals import write_refusing
 from bridge.targets.base import Skipped
 from bridge.timefmt import UTC, naive_utc, utcnow
 
@@ -45,7 +45,7 @@ def operator() -> str:
     """Who is at the keyboard, for the audit trail."""
     try:
         return getpass.getuser()
-    except Exception:  # no user name in the environment (a container): say so rather than guess
+    except Exception:  # noqa: BLE001 - no user name in the environment (a container): say so rather than guess
         return "unknown"
 
 

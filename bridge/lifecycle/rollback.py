@@ -32,17 +32,16 @@ import orjson
 import sqlalchemy as sa
 
 from bridge import faults, tracing
-
-from bridge.ledger import giveback, giveback_marks
 from bridge.config import Config
-from bridge.errors import TargetSchemaError, UsageError
-from bridge.model import queue_origin
 from bridge.db import read_only_engine
+from bridge.errors import TargetSchemaError, UsageError
+from bridge.ledger import giveback, giveback_marks
+from bridge.ledger.state import pending_key
+from bridge.model import queue_origin
 from bridge.pipeline.loop import JobRunner, database_identity
 from bridge.sources import SourceRow
 from bridge.sources.nginn import STATEMENT_KEYS
 from bridge.sources.nservicebus import bare_queue, transport_utc
-from bridge.ledger.state import pending_key
 from bridge.targets.base import Skipped
 from bridge.timefmt import from_wire
 

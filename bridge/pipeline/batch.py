@@ -17,13 +17,13 @@ from bridge import tracing
 from bridge.db import unique_violation
 from bridge.errors import BadRow
 from bridge.ledger.ranges import AlreadyRecorded
+from bridge.ledger.state import LedgerEntry, Quarantined
 from bridge.model import PlainMessage, message_ids
 from bridge.pipeline.columnar import process_columns, takes_columns
 from bridge.pipeline.job import JobSetup, LedgerConflict
 from bridge.pipeline.refusals import refused, write_refusing
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
-from bridge.ledger.state import LedgerEntry, Quarantined
 from bridge.targets.base import Skipped, Target
 from bridge.timefmt import utcnow
 
@@ -171,7 +171,7 @@ class Batch(JobSetup):
             if msg is None:
                 return None
             out = self.target.plain_envelope(msg, translated)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the validated path reads the row again and says what is wrong
             return None
         return None if out is None else (out, msg)
 

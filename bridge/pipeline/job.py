@@ -12,24 +12,24 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from bridge.ledger import giveback
 from bridge import tracing
 from bridge.config import Config, JobConfig
 from bridge.db import describe, engine_for
 from bridge.errors import RetryableError, TargetSchemaError
-from bridge.ledger.fence import Fence
 from bridge.identifiers import url_identity
+from bridge.ledger import giveback
+from bridge.ledger.fence import Fence
+from bridge.ledger.ranges_upgrade import unfolded
+from bridge.ledger.state import State
+from bridge.ledger.steering import Steering
 from bridge.ledger.upgrade import require_current
 from bridge.model import message_id_for, message_ids, queue_origin
 from bridge.pipeline.stats import PassStats
 from bridge.pipeline.steer import Pace, Pressure, rate_batch
-from bridge.ledger.ranges_upgrade import unfolded
+from bridge.schemas.nservicebus import transport_tables
 from bridge.sources import Source, SourceRow, Subscription, source_class
-from bridge.ledger.state import State
-from bridge.ledger.steering import Steering
 from bridge.targets import target_class
 from bridge.targets.base import Target
-from bridge.schemas.nservicebus import transport_tables
 from bridge.targets.nservicebus import NServiceBusTarget
 from bridge.targets.writer import TargetWriter
 

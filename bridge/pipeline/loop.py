@@ -12,7 +12,7 @@ from bridge.pipeline.job import LedgerConflict, database_identity
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, RangeResult, chunked
 from bridge.pipeline.units import Units
 
-__all__ = ["JobRunner", "LedgerConflict", "PassStats", "RangeResult", "SCAN_CHUNK", "chunked", "database_identity"]
+__all__ = ["SCAN_CHUNK", "JobRunner", "LedgerConflict", "PassStats", "RangeResult", "chunked", "database_identity"]
 
 
 class JobRunner(Units):

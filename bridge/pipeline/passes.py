@@ -13,18 +13,17 @@ from typing import Any
 import sqlalchemy as sa
 
 from bridge import faults, tracing
-
 from bridge.ledger import giveback
-from bridge.retry import RETRIES
-from bridge.pipeline.batch import Batch
-from bridge.pipeline.logcontext import about
-from bridge.pipeline.job import LedgerConflict
 from bridge.ledger.gaps import Gap, expire, fill, holes
-from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
-from bridge.sources import Source, SourceRow
 from bridge.ledger.state import merge_pending, pending_key
-from bridge.timefmt import utcnow
 from bridge.ledger.totals import FOLD_EVERY
+from bridge.pipeline.batch import Batch
+from bridge.pipeline.job import LedgerConflict
+from bridge.pipeline.logcontext import about
+from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
+from bridge.retry import RETRIES
+from bridge.sources import Source, SourceRow
+from bridge.timefmt import utcnow
 
 log = logging.getLogger("qbridge.batch")
 

@@ -22,18 +22,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from bridge import faults, tracing
-from bridge.pipeline.planner_stats import LedgerStats
 from bridge.config import Config
 from bridge.errors import BridgeError, LockLost, MigrationFailed
 from bridge.ledger.fence import Fence
-from bridge.pipeline import gc_policy, logcontext
-# spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
-from bridge.pipeline.spark_context import TASK_ATTEMPTS, _jvm, local_slots, spark_context, stop_spark  # noqa: F401
 from bridge.ledger.gaps import Gap
+from bridge.pipeline import gc_policy, logcontext
 from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
+from bridge.pipeline.planner_stats import LedgerStats
+
+# spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
+from bridge.pipeline.spark_context import (  # noqa: F401
+    TASK_ATTEMPTS,
+    _jvm,
+    local_slots,
+    spark_context,
+    stop_spark,
+)
 from bridge.pipeline.stats import where_the_time_went
 from bridge.retry import with_backoff
 
@@ -211,7 +225,7 @@ def _run_spark(config: Config, runners: list[JobRunner], console: Console, maste
         try:
             starting["spark"] = spark_context(master)
             starting["ready"] = time.monotonic() - began
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which re-raises it
             starting["error"] = e
 
     launcher = threading.Thread(target=start, name="qbridge-spark-start", daemon=True)
@@ -273,7 +287,7 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots:
                     plans.append(QueuePlan(runner, queue, None))
                     continue
                 # Slices cover every key (the ledger skips delivered ones in the task): size them by all.
-                n = with_backoff(lambda s=source: _count(runner, s), f"job {runner.job.name} queue {queue}: counting keys",
+                n = with_backoff(lambda s=source, r=runner: _count(r, s), f"job {runner.job.name} queue {queue}: counting keys",
                                  attempts=attempts)
             size = unit_rows or unit_size(n, runner.job.batch_size, slots)
             plan, queue_units = with_backoff(lambda r=runner, q=queue, s=size: plan_queue(r, q, s, len(units)),
@@ -348,7 +362,7 @@ def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,
     def collect() -> None:
         try:
             box["results"] = rdd.collect()
-        except BaseException as e:  # re-raised on the driver's main thread
+        except BaseException as e:  # noqa: BLE001 - re-raised on the driver's main thread
             box["error"] = e
 
     worker = threading.Thread(target=collect, name="qbridge-spark-collect", daemon=True)

@@ -34,7 +34,7 @@ def installed_pyspark_first(path: list[str]) -> list[str]:
 
 sys.path[:] = installed_pyspark_first(sys.path)
 
-from pyspark import daemon  # noqa: E402  (imported once the path is set)
+from pyspark import daemon
 
 if __name__ == "__main__":
     daemon.manager()

@@ -14,13 +14,12 @@ import sqlalchemy as sa
 
 from bridge import faults, tracing
 from bridge.errors import TargetSchemaError
-from bridge.pipeline.job import LedgerConflict
 from bridge.ledger.gaps import Gap, holes
+from bridge.pipeline.job import LedgerConflict
 from bridge.pipeline.passes import Passes
 from bridge.pipeline.stats import PassStats, RangeResult
 from bridge.retry import RETRIES, with_backoff
 from bridge.sources import Source, SourceRow
-
 
 log = logging.getLogger("qbridge.batch")
 UNIT_POLL = 1.0  # seconds between looks at a pause or a hold, for a waiting Spark task

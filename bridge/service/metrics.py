@@ -15,9 +15,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from urllib.parse import parse_qs, urlencode
-from typing import Any
 from socketserver import ThreadingMixIn
+from typing import Any
+from urllib.parse import parse_qs, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import orjson
@@ -27,8 +27,8 @@ from prometheus_client.registry import Collector
 
 from bridge.errors import UsageError
 from bridge.listen import is_loopback, loopback_host, parse_listen
-from bridge.service.status_cache import StatusCache
 from bridge.service.page_actions import PageActions
+from bridge.service.status_cache import StatusCache
 from bridge.service.statuspage import History, render
 from bridge.service.view import WorkerView
 
@@ -65,7 +65,7 @@ class BridgeCollector(Collector):
             direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
             try:
                 books = self.books(w)
-            except Exception as e:  # a database that is down must not break the scrape of the others
+            except Exception as e:  # noqa: BLE001 - a database that is down must not break the scrape of the others
                 log.warning("job=%s metrics: %s", job, str(getattr(e, "orig", None) or e).splitlines()[0])
                 books = {"queues": []}
             for q in books["queues"]:
@@ -108,7 +108,7 @@ def not_ready(workers: list[WorkerView]) -> str | None:
 
 
 class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
 

@@ -155,7 +155,7 @@ class JobWorker:
             if self.failures:
                 log.info("job=%s recovered after %d failed attempt(s)", self.name, self.failures)
             self.failures = 0
-        except Exception as e:  # a job's failure must never take the scheduler down
+        except Exception as e:  # noqa: BLE001 - a job's failure must never take the scheduler down
             self._failed(e)
 
     def _run(self) -> None:
@@ -231,7 +231,7 @@ class JobWorker:
             if self.lock.held:
                 try:
                     self.lock.ensure()  # drops a lock whose connection died with the database
-                except Exception:
+                except Exception:  # noqa: BLE001 - a lock whose check fails is released, whatever failed
                     self.lock.release()
         elif isinstance(e, BridgeError):
             self.stopped_reason = reason_line

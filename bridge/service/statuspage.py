@@ -14,9 +14,9 @@ import html
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge.ledger.steering import Steering
@@ -160,7 +160,7 @@ def render(title: str, workers: list[WorkerView], history: History, books_of: Ca
         try:
             books = books_of(w)
             error = books["source_error"]
-        except Exception as e:  # one database down must not take the page with it
+        except Exception as e:  # noqa: BLE001 - one database down must not take the page with it
             books, error = None, str(getattr(e, "orig", None) or e).splitlines()[0]
         history.lag(job, books["lag_seconds"] if books else None)
         steering = books.get("steering") if books else None
@@ -188,7 +188,7 @@ def render(title: str, workers: list[WorkerView], history: History, books_of: Ca
         try:  # the newest only, without their raw rows: this runs on every reload
             with w.runner.target_engine.connect() as conn:
                 rows = w.runner.state.quarantined(conn, job, raw=False, newest=QUARANTINE_SHOWN)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the page shows what it can
             rows = []
         quarantine_total += books["quarantined"] if books else len(rows)  # the ledger's count, as in the table above
         quarantine_rows += [(job, r) for r in rows]
@@ -197,7 +197,7 @@ def render(title: str, workers: list[WorkerView], history: History, books_of: Ca
                 paused = Steering.from_json(job, steering) if steering and steering["paused"] else None
                 refused = paused.replay_refused() if paused else None
                 groups_html += [_group_row(job, g, actions, query, refused) for g in w.runner.state.failure_groups(conn, job)]
-        except Exception:  # noqa: BLE001 - the page shows what it can
+        except Exception:  # noqa: BLE001, S110 - the page shows what it can
             pass
     quarantine_rows.sort(key=lambda jr: jr[1]["at"], reverse=True)
     parts.append(f'<h2 id="quarantine">Quarantine <small>({quarantine_total})</small></h2>')

@@ -208,7 +208,7 @@ class Source:
 def dict_rows(result: sa.CursorResult) -> list[dict[str, Any]]:
     """A result's rows as dicts of column name to value, taken at once: iterating a result (or
     its mappings) fetches and copies row by row, and a batch's fetch runs per batch."""
-    names = [str(k) for k in result.keys()]
+    names = [str(k) for k in result.keys()]  # noqa: SIM118 - a Result, not a dict: keys() are its column names
     return [dict(zip(names, row)) for row in result.fetchall()]
 
 

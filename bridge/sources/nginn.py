@@ -11,11 +11,11 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
+from bridge.codecs import nginn as codec
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.identifiers import check_fits
 from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
-from bridge.codecs import nginn as codec
 from bridge.sources.base import Source, SourceRow, Subscription, dict_rows
 from bridge.timefmt import LocalClock, utcnow, zone
 

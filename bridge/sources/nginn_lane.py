@@ -31,9 +31,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bridge.codecs import nginn as codec
-from bridge.sources.base import SourceRow
 from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
-from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark, np_bool as _np, wire as _wire, wire_where as _wire_where
+from bridge.sources.base import SourceRow
+from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
+from bridge.sources.columns import np_bool as _np
+from bridge.sources.columns import wire as _wire
+from bridge.sources.columns import wire_where as _wire_where
 
 LANE_STATES = {"I": "ready", "R": "delayed", "X": "processed", "F": "failed"}
 # What str.strip() strips besides the space (every character whose isspace() is true; a test

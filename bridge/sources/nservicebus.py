@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, ledger_safe_key
-from bridge.sources.base import Source, SourceRow, dict_rows
 from bridge.schemas.nservicebus import transport_tables
+from bridge.sources.base import Source, SourceRow, dict_rows
 from bridge.timefmt import UTC, from_wire, utcnow
 
 MESSAGE_ID = "NServiceBus.MessageId"

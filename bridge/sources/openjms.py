@@ -18,15 +18,14 @@ from typing import Any, ClassVar
 import orjson
 import sqlalchemy as sa
 
+from bridge.codecs.echo import ECHO_HEADER
 from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
-from bridge.sources import openjms_giveback
-from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows
-from bridge.sources import plain_lane
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
-from bridge.codecs.echo import ECHO_HEADER
+from bridge.sources import openjms_giveback, plain_lane
+from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows
 from bridge.timefmt import UTC, utcnow
 
 DEFAULT_TYPES = {"Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage"}

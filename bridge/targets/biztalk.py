@@ -17,6 +17,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql
 
+from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.config import JobConfig
 from bridge.errors import TargetSchemaError
 from bridge.identifiers import url_identity
@@ -24,7 +25,6 @@ from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules
 from bridge.timefmt import naive_utc
 

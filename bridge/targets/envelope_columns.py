@@ -19,12 +19,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bridge.codecs.nservicebus import headers_json
 from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
 from bridge.targets.base import Skipped
 from bridge.targets.envelope import Outgoing
-from bridge.codecs.nservicebus import headers_json
-from bridge.tracing import TRACEPARENT
 from bridge.timefmt import to_wire
+from bridge.tracing import TRACEPARENT
 
 _MARKER = re.compile(r"\\u0000(\w+)\\u0000")  # a marker as orjson writes it inside a JSON string
 _STANDINS = {to_wire(SENT): mark("sent"), to_wire(DUE): mark("due"), to_wire(FAILED): mark("failed_at")}

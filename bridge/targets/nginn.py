@@ -16,17 +16,17 @@ from typing import Any, ClassVar, NamedTuple
 import orjson
 import sqlalchemy as sa
 
+from bridge.codecs import nginn as codec
+from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.config import JobConfig
 from bridge.errors import BadRow, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
-from bridge.codecs import nginn as codec
 from bridge.sources.base import Subscription
 from bridge.sources.nginn import live_subscriptions, queue_table
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules
 from bridge.timefmt import utcnow, zone
 

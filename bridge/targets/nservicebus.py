@@ -11,11 +11,10 @@ from bridge.config import JobConfig
 from bridge.identifiers import url_identity
 from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage, PlainMessage
+from bridge.schemas.nservicebus import transport_tables
 from bridge.targets.base import Skipped, Target
 from bridge.targets.envelope import Outgoing, envelope, plain_envelope
-from bridge.schemas.nservicebus import transport_tables
 from bridge.targets.writer import TargetWriter
-
 
 
 class NServiceBusTarget(Target):

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, NamedTuple
 import orjson
 import sqlalchemy as sa
 
+from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.codecs.openjms_blob import PKG, JmsMessage
 from bridge.codecs.openjms_encode import encode, typed_value
 from bridge.config import JobConfig
@@ -25,11 +26,10 @@ from bridge.errors import BadRow, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
-from bridge.sources.base import Subscription
 from bridge.schemas.openjms import is_queue, tables
+from bridge.sources.base import Subscription
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
-from bridge.codecs.echo import ECHO_HEADER, source_tag
 from bridge.targets.reverse import ReverseRules, type_forms
 from bridge.timefmt import utcnow
 

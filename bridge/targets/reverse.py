@@ -9,11 +9,11 @@ queue pair both ways; the reverse job looks it up backwards.
 
 from __future__ import annotations
 
+from bridge.codecs.echo import ECHO_HEADER, echo_of
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
 from bridge.model import CanonicalMessage
 from bridge.targets.base import Skipped
-from bridge.codecs.echo import ECHO_HEADER, echo_of
 
 # NServiceBus headers a legacy endpoint can make sense of; the rest describe NServiceBus's
 # own pipeline (or hold '=' and '|', as assembly-qualified type names do).

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -13,10 +13,10 @@ from bridge import tracing
 from bridge.codecs.nservicebus import headers_json
 from bridge.errors import TargetSchemaError
 from bridge.model import row_ids
+from bridge.schemas.nservicebus import TargetTables
 from bridge.sources.base import Subscription
 from bridge.targets.bulk import copies, copy_arrow, insert_values
 from bridge.targets.envelope import Outgoing
-from bridge.schemas.nservicebus import TargetTables
 from bridge.timefmt import naive_utc
 
 TRACEPARENT = tracing.TRACEPARENT

@@ -120,9 +120,7 @@ def _provider() -> Any:
             exporters.append(ConsoleSpanExporter(out=sys.stderr))  # stdout carries --json documents
         elif _protocol() == "grpc":
             try:
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                    OTLPSpanExporter as Grpc,
-                )
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
             except ImportError:
                 from bridge.errors import DriverMissing
 
@@ -130,9 +128,7 @@ def _provider() -> Any:
                                     "opentelemetry-exporter-otlp-proto-grpc (or use http/protobuf)") from None
             exporters.append(Grpc())
         else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter as Http,
-            )
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
             exporters.append(Http())
     provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", SERVICE)}))
@@ -183,9 +179,7 @@ def span(name: str, parent: str | None = None, **attributes: Any) -> Iterator[An
         return
     context = None
     if parent:
-        from opentelemetry.trace.propagation.tracecontext import (
-            TraceContextTextMapPropagator,
-        )
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         context = TraceContextTextMapPropagator().extract({"traceparent": parent})
     with tracer.start_as_current_span(name, context=context,

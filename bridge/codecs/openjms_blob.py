@@ -12,15 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.codecs import openjms_fast
-from bridge.codecs.javaser import (
-    JavaArray,
-    JavaObject,
-    JavaStreamError,
-    Payload,
-    mutf8,
-    read,
-    utf16,
-)
+from bridge.codecs.javaser import JavaArray, JavaObject, JavaStreamError, Payload, mutf8, read, utf16
 
 PKG = "org.exolab.jms.message."
 MESSAGE_TYPES = {

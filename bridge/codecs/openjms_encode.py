@@ -12,14 +12,7 @@ import base64
 import struct
 from typing import Any
 
-from bridge.codecs.javaser_write import (
-    SC_SERIALIZABLE,
-    SC_WRITE_METHOD,
-    Desc,
-    Writer,
-    externalizable,
-    mutf8,
-)
+from bridge.codecs.javaser_write import SC_SERIALIZABLE, SC_WRITE_METHOD, Desc, Writer, externalizable, mutf8
 from bridge.codecs.openjms_blob import PKG, JmsMessage
 
 CLIENT = "org.exolab.jms.client."

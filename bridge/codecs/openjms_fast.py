@@ -19,25 +19,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from bridge.codecs.javaser import (
-    MAGIC,
-    MAX_HANDLES,
-    TC_ENDBLOCKDATA,
-    TC_OBJECT,
-    mutf8,
-    utf16,
-)
-from bridge.codecs.javaser_walk import (
-    BOXED,
-    BYTES,
-    EXTERNAL_FLAGS,
-    MAP,
-    PENDING,
-    Decline,
-    Walker,
-    int_at,
-    long_at,
-)
+from bridge.codecs.javaser import MAGIC, MAX_HANDLES, TC_ENDBLOCKDATA, TC_OBJECT, mutf8, utf16
+from bridge.codecs.javaser_walk import BOXED, BYTES, EXTERNAL_FLAGS, MAP, PENDING, Decline, Walker, int_at, long_at
 
 MESSAGE = "org.exolab.jms.message."
 CLIENT = "org.exolab.jms.client."

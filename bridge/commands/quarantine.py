@@ -13,14 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orjson
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from bridge.commands.common import err, out, runners_of

@@ -19,13 +19,7 @@ import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
 from bridge.ledger.ranges import RANGES
-from bridge.ledger.state import (
-    LEDGER,
-    LEDGER_COLUMNS,
-    QUARANTINE,
-    ledger_table,
-    state_tables,
-)
+from bridge.ledger.state import LEDGER, LEDGER_COLUMNS, QUARANTINE, ledger_table, state_tables
 from bridge.ledger.totals import TOTALS, Totals, totals_table
 from bridge.model import message_id_for, queue_origin
 

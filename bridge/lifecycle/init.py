@@ -21,16 +21,7 @@ from bridge.ledger.giveback_marks import marks_table
 from bridge.ledger.ranges_upgrade import add_ranges
 from bridge.ledger.state import ledger_table, state_tables
 from bridge.ledger.totals import totals_table
-from bridge.ledger.upgrade import (
-    NEW,
-    TOTALS_NEW,
-    QueueOrigin,
-    add_groups,
-    add_totals,
-    conversion,
-    convert,
-    totals_sql,
-)
+from bridge.ledger.upgrade import NEW, TOTALS_NEW, QueueOrigin, add_groups, add_totals, conversion, convert, totals_sql
 from bridge.pipeline.loop import database_identity
 from bridge.schemas.nservicebus import create_statements, transport_tables
 from bridge.sources import source_class

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import getpass
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,10 +24,10 @@ import sqlalchemy as sa
 
 from bridge import faults, tracing
 from bridge.db import unique_violation
-from bridge.errors import BridgeError
 from bridge.ledger.failure_groups import group_of
 from bridge.ledger.state import QuarantineFilter, State
 from bridge.ledger.totals import counted
+from bridge.lifecycle.replay_gate import Gate
 from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
 from bridge.pipeline.refusals import write_refusing
@@ -37,8 +36,6 @@ from bridge.timefmt import UTC, naive_utc, utcnow
 
 log = logging.getLogger("qbridge.quarantine")
 PAGE = 500  # quarantined rows (with their raw rows) read at a time by replay and discard
-GATE_LOOK = 1.0  # seconds a replay goes on between looks at the job's pause and queue depths
-GATE_POLL = 0.5  # seconds between looks while a replay waits
 
 
 def operator() -> str:
@@ -72,59 +69,6 @@ class _AlreadyThere(Exception):
     """The target holds the message's id already (the transaction was rolled back)."""
 
 
-class JobPaused(BridgeError):
-    """A replay of a paused job's messages, refused: say --even-if-paused to deliver them."""
-
-
-class _Gate:
-    """What a replay waits for between messages, as a pass does (pipeline/steer.py): the job's
-    pause, its max_rate, and back-pressure from the destination queues' max_target_depth. The
-    books are read at most every GATE_LOOK seconds, and before every message while a queue is
-    within a batch of its limit (its room, counted down as messages go)."""
-
-    def __init__(self, runner: JobRunner, even_if_paused: bool, on_wait: Callable[[str | None], None],
-                 should_stop: Callable[[], bool]) -> None:
-        self.runner, self.even_if_paused, self.on_wait, self.should_stop = runner, even_if_paused, on_wait, should_stop
-        self.looked = 0.0
-        self.room: int | None = None
-
-    def refuse_if_paused(self) -> None:
-        steering = self.runner.steering()
-        if steering.paused and not self.even_if_paused:
-            raise JobPaused(steering.replay_refused())
-
-    def wait(self) -> None:
-        r = self.runner
-        r.pace.wait(self.should_stop)
-        if time.monotonic() - self.looked < GATE_LOOK and (self.room is None or self.room > 0):
-            return
-        held = f"job {r.job.name!r} held: "
-        waited: str | None = None
-        while not self.should_stop():
-            why = r.may_go()
-            self.looked = time.monotonic()
-            if why is not None and not why.startswith(held):  # paused since the replay began
-                if self.even_if_paused:
-                    break
-                raise JobPaused(f"{why}; the replay stopped there (what it replayed stays replayed): resume the job "
-                                "and run it again, or replay with --even-if-paused")
-            if why is None:
-                break
-            if why != waited:
-                self.on_wait(why)
-                waited = why
-            time.sleep(GATE_POLL)
-        if waited:
-            self.on_wait(None)
-        self.room = r.pressure.room()
-
-    def spent(self, o: Outcome) -> None:
-        if o.action == "replayed" and o.outcome == "delivered":
-            self.runner.pace.spent(1)
-            if self.room is not None:
-                self.room -= 1
-
-
 class QuarantineDesk:
     """Replay and discard for one job, against its target database."""
 
@@ -148,7 +92,7 @@ class QuarantineDesk:
         messages are refused (JobPaused, who paused it and why) unless `even_if_paused`; it keeps
         to `max_rate` and waits while a destination queue holds its `max_target_depth`, telling
         `on_wait` why it waits (and None once it goes on)."""
-        gate = _Gate(self.runner, even_if_paused, on_wait, should_stop)
+        gate = Gate(self.runner, even_if_paused, on_wait, should_stop)
         gate.refuse_if_paused()
 
         def one(q: dict[str, Any]) -> Outcome:
@@ -212,7 +156,7 @@ class QuarantineDesk:
         its id and Outbox endpoints still de-duplicate; the audit trail keeps the row as it was
         kept, which columns changed and the row after the edit. The quarantine keeps the kept
         row should the edited one fail too."""
-        _Gate(self.runner, even_if_paused, lambda why: None, lambda: False).refuse_if_paused()
+        Gate(self.runner, even_if_paused, lambda why: None, lambda: False).refuse_if_paused()
         out = []
         for q in self._rows([message_id]):
             source = self.runner.sources.get(q["queue"])

@@ -21,9 +21,7 @@ from bridge.timefmt import utcnow
 log = logging.getLogger("qbridge.batch")
 
 if TYPE_CHECKING:
-    from bridge.pipeline.job import (
-        JobSetup as Batch,  # the runner; _process is the Batch step's
-    )
+    from bridge.pipeline.job import JobSetup as Batch  # the runner; _process is the Batch step's
 
 
 def takes_columns(runner: Batch, source: Source) -> bool:

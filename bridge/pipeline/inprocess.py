@@ -7,14 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner, PassStats

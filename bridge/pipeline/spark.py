@@ -22,14 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from bridge import faults, tracing
 from bridge.config import Config
@@ -41,13 +34,7 @@ from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
 from bridge.pipeline.planner_stats import LedgerStats
 
 # spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
-from bridge.pipeline.spark_context import (  # noqa: F401
-    TASK_ATTEMPTS,
-    _jvm,
-    local_slots,
-    spark_context,
-    stop_spark,
-)
+from bridge.pipeline.spark_context import TASK_ATTEMPTS, _jvm, local_slots, spark_context, stop_spark  # noqa: F401
 from bridge.pipeline.stats import where_the_time_went
 from bridge.retry import with_backoff
 

@@ -15,24 +15,13 @@ from typing import Any, ClassVar
 import orjson
 import sqlalchemy as sa
 
-from bridge.codecs.biztalk import (
-    BizTalkFormatError,
-    ContextProperty,
-    decode_context,
-    decode_part,
-)
+from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_context, decode_part
 from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, FailureInfo, Part, PlainMessage
 from bridge.schemas.biztalk import OTHER_PREDICATES, tables
 from bridge.sources import biztalk_giveback, plain_lane
-from bridge.sources.base import (
-    ScanSource,
-    SourceRow,
-    Subscription,
-    dict_rows,
-    tuple_after,
-)
+from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows, tuple_after
 from bridge.timefmt import local_to_utc, utcnow, zone
 
 SYSTEM_NS = "http://schemas.microsoft.com/BizTalk/2003/system-properties"

@@ -21,15 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
-from bridge.sources.columns import (
-    DUE,
-    FAILED,
-    SENT,
-    PlainColumns,
-    mark,
-    wire,
-    wire_where,
-)
+from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark, wire, wire_where
 
 if TYPE_CHECKING:
     from bridge.sources.base import Source, SourceRow

@@ -13,13 +13,7 @@ from bridge.codecs.echo import ECHO_HEADER, echo_of
 from bridge.config import TargetConfig
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
-from bridge.model import (
-    MESSAGE_MAX,
-    CanonicalMessage,
-    Failure,
-    FailureInfo,
-    PlainMessage,
-)
+from bridge.model import MESSAGE_MAX, CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.schemas.nservicebus import TargetTables
 from bridge.targets.base import Skipped
 from bridge.timefmt import timespan, to_wire, utcnow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import overload
+from typing import Literal, overload
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -50,7 +50,7 @@ class LocalClock:
         # Integers and timedelta arithmetic throughout: datetime.replace costs ~0.5 us a call.
         minute = value.toordinal() * 1440 + value.hour * 60 + value.minute
         bases = self._bases
-        base = bases.get(minute, False)
+        base: datetime | None | Literal[False] = bases.get(minute, False)  # False: not looked up yet
         if base is False:
             start = datetime(value.year, value.month, value.day, value.hour, value.minute, tzinfo=self.tz)
             first = start.utcoffset()

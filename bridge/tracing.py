@@ -255,7 +255,7 @@ TRACEPARENT = "traceparent"  # NServiceBus's Headers.DiagnosticsTraceParent
 _TRACEPARENT = re.compile(r'00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}')
 
 
-def link_messages(header_texts: Iterable[str]) -> None:
+def link_messages(header_texts: Iterable[str | None]) -> None:
     """Links the current span to the traces the messages arrived with (their `traceparent`, in
     NServiceBus header JSON): a reverse job's batch span points at each sender's span. The SDK
     keeps at most OTEL_SPAN_LINK_COUNT_LIMIT links a span (128)."""

@@ -10,6 +10,7 @@ Every length is checked against the bytes that remain, so a corrupt stream fails
 
 from __future__ import annotations
 
+import builtins
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,8 @@ class ClassDesc:
 
     def chain(self) -> list[ClassDesc]:
         """Superclass first, as serializable class data is written."""
-        out, c = [], self
+        out: list[ClassDesc] = []
+        c: ClassDesc | None = self
         while c is not None:
             out.append(c)
             c = c.superclass
@@ -73,7 +75,7 @@ class JavaArray:
 
 @dataclass(eq=False)
 class JavaEnum:
-    classdesc: ClassDesc
+    classdesc: ClassDesc | None  # the reader accepts TC_NULL where the enum's descriptor goes
     constant: str
 
 
@@ -367,12 +369,13 @@ class Payload:
     def bool(self) -> bool:
         return self._bytes(1) != b"\x00"
 
-    def bytes(self, n: int) -> bytes:
+    # The methods int, bool and bytes shadow the builtins in this class's scope, hence builtins.*.
+    def bytes(self, n: builtins.int) -> builtins.bytes:
         if n < 0:
             raise JavaStreamError(f"{self.owner}: negative length {n}")
         return self._bytes(n) if n else b""
 
-    def chars(self, n: int) -> str:
+    def chars(self, n: builtins.int) -> str:
         return utf16(self.bytes(2 * n))
 
     def utf(self) -> str:
@@ -385,5 +388,5 @@ class Payload:
         self.index += 1
         return item
 
-    def done(self) -> bool:
+    def done(self) -> builtins.bool:
         return self.index >= len(self.items)

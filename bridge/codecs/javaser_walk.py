@@ -190,9 +190,9 @@ class Walker:
         handles.append(PENDING)
         if known is not None and data[pos] == TC_REFERENCE:
             # A superclass read before (Number under a second box class): the chain is known by it.
-            superclass = self._desc_at(pos)
+            referenced = self._desc_at(pos)
             for held, entry in known.under:
-                if held is superclass:
+                if held is referenced:
                     self.pos = pos + 5
                     handles[index] = entry
                     return entry

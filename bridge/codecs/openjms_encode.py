@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import struct
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from bridge.codecs.javaser_write import SC_SERIALIZABLE, SC_WRITE_METHOD, Desc, Writer, externalizable, mutf8
@@ -48,7 +50,12 @@ def encode(msg: JmsMessage) -> bytes:
         w.pack("q??qq", 1, internal.get("readOnly", True), internal.get("processed", False),
                internal.get("acceptedTime", 0), internal.get("sequenceNumber", 0))
         _header(w, msg.headers, internal)
-        w.external(PROPERTIES, lambda: (w.pack("q", 1), _map(w, msg.properties)))
+
+        def properties() -> None:
+            w.pack("q", 1)
+            _map(w, msg.properties)
+
+        w.external(PROPERTIES, properties)
         _body(w, msg, version)
 
     return w.top(lambda: w.external(desc, payload))
@@ -65,18 +72,24 @@ def _header(w: Writer, h: dict[str, Any], internal: dict[str, Any]) -> None:
         if h.get("JMSType") is None:
             w.null()
         else:
-            w.external(TYPE, lambda: (w.pack("q", 1), w.chars(h["JMSType"])))
+            w.external(TYPE, partial(_versioned, w, 1, w.chars, h["JMSType"]))
         _destination(w, h.get("JMSDestination"))
         _leaf(w, DELIVERY_MODE, "i", h.get("JMSDeliveryMode"))
         if h.get("JMSMessageID") is None:
             w.null()
         else:
-            w.external(MESSAGE_ID, lambda: (w.pack("q", 2), w.utf(h["JMSMessageID"])))
+            w.external(MESSAGE_ID, partial(_versioned, w, 2, w.utf, h["JMSMessageID"]))
         w.string(internal.get("wildcard"))
         w.string(internal.get("consumerIdString"))
         w.pack("q", internal.get("consumerId", 0))
 
     w.external(HEADER, payload)
+
+
+def _versioned(w: Writer, version: int, write: Callable[[str], None], text: str) -> None:
+    """A leaf object's payload: its version, then its one string."""
+    w.pack("q", version)
+    write(text)
 
 
 def _leaf(w: Writer, desc: Desc, code: str, value: int | None) -> None:
@@ -143,7 +156,7 @@ def _typed(w: Writer, value: dict[str, Any]) -> None:
 
 
 def _map(w: Writer, values: dict[str, dict[str, Any]]) -> None:
-    w.hashmap({k: (lambda v=v: _typed(w, v)) for k, v in values.items()})
+    w.hashmap({k: partial(_typed, w, v) for k, v in values.items()})
 
 
 def _body(w: Writer, msg: JmsMessage, version: int | None) -> None:

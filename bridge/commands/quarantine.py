@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -71,7 +72,7 @@ def quarantine_command(args: argparse.Namespace) -> int:
     if args.action == "history":
         return _quarantine_history(args)
     _, runners = runners_of(args)
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for r in runners:
         with r.target_engine.connect() as conn:
             rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show", where=where or None)
@@ -241,7 +242,7 @@ def _settled(args: argparse.Namespace, actor: str, tally: _Tally, stopped: bool 
 def _groups(args: argparse.Namespace, where: QuarantineFilter) -> int:
     """`quarantine groups`: the quarantine by failure group, largest first."""
     _, runners = runners_of(args)
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for r in runners:
         with r.target_engine.connect() as conn:
             jobs.append({"job": r.job.name, "groups": r.state.failure_groups(conn, r.job.name, where or None)})
@@ -263,7 +264,7 @@ def _quarantine_history(args: argparse.Namespace) -> int:
     from bridge.lifecycle.quarantine import audit_trail
 
     _, runners = runners_of(args)
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for r in runners:
         with r.target_engine.connect() as conn:
             jobs.append({"job": r.job.name, "history": audit_trail(r.state, conn, r.job.name, args.ids)})

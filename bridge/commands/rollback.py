@@ -85,7 +85,7 @@ def statements(runner) -> list[str]:
     s = runner.state
     job, lines = runner.job, []
 
-    def show(stmt: sa.Executable) -> None:
+    def show(stmt: sa.ClauseElement) -> None:
         lines.append(str(stmt.compile(dialect=dialect)).strip() + ";")
 
     lines.append(f"-- qbridge rollback of job {job.name!r}: per batch of up to 1,000 delivered messages, one transaction")

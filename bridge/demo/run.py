@@ -6,6 +6,7 @@ import tempfile
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 from zoneinfo import ZoneInfo
 
 import orjson
@@ -31,6 +32,9 @@ from bridge.pipeline.inprocess import run_inprocess
 from bridge.pipeline.loop import JobRunner
 from bridge.pipeline.spark import run_spark
 from bridge.timefmt import to_wire, utcnow
+
+if TYPE_CHECKING:
+    from bridge.targets.nginn import NGinnTarget
 
 MAPPING = """\
 [routes]
@@ -250,7 +254,7 @@ def _round_trip(forward: JobRunner, back: JobRunner, console: Console) -> None:
     console.print(f"NServiceBus endpoint Orders took {request['NServiceBus.MessageId']} and replied to "
                   f"{request['NServiceBus.ReplyToAddress']!r}", markup=False, highlight=False)
     run_inprocess([back], console=console)
-    table = back.target.table("Sender")
+    table = cast("NGinnTarget", back.target).table("Sender")  # the nginn-replies job writes NGinn tables
     with engine_for(back.target_url).connect() as conn:
         row = conn.execute(sa.select(table).where(table.c.unique_id == reply["NServiceBus.MessageId"])).mappings().one()
     console.print(f"reply in NGinn table Sender: subqueue {row['subqueue']}, correlation_id {row['correlation_id']}, "

@@ -56,7 +56,8 @@ def fill(gaps: Iterable[Gap], keys: Iterable[int]) -> list[Gap]:
 
 def expire(gaps: Iterable[Gap], now: float, window: float) -> tuple[list[Gap], list[Gap]]:
     """(still open, given up): a gap open longer than the window will not fill any more."""
-    kept, dropped = [], []
+    kept: list[Gap] = []
+    dropped: list[Gap] = []
     for gap in gaps:
         (dropped if now - gap.since >= window else kept).append(gap)
     return kept, dropped

@@ -76,6 +76,7 @@ def failure_groups(q: sa.Table, conn: sa.Connection, job: str, where: Quarantine
             .where(q.c.job == job).group_by(q.c.grp, q.c.queue).order_by(sa.func.count().desc(), q.c.grp))
     if where is not None:
         stmt = stmt.where(*where.clauses(q))
-    return [{"group": r.grp, "queue": r.queue, "count": int(r.count),
+    # By attribute, "count" is Row's Sequence.count to a type checker (the column only at run time).
+    return [{"group": r.grp, "queue": r.queue, "count": int(r._mapping["count"]),
              "first_seen": r.first.replace(tzinfo=UTC).isoformat(), "last_seen": r.last.replace(tzinfo=UTC).isoformat(),
              "sample_reason": r.sample} for r in conn.execute(stmt)]

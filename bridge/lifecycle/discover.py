@@ -96,7 +96,7 @@ def _nginn(conn: sa.Connection, names: set[str], schema: str | None) -> list[Fou
 def _openjms(conn: sa.Connection, schema: str | None) -> list[FoundQueue]:
     t = openjms_tables(schema)
     d, c, h = t["destinations"], t["consumers"], t["message_handles"]
-    pending = dict(conn.execute(sa.select(h.c.destinationid, sa.func.count()).group_by(h.c.destinationid)).all())
+    pending: dict[int, int] = dict(conn.execute(sa.select(h.c.destinationid, sa.func.count()).group_by(h.c.destinationid)).all())
     consumers: dict[int, list[str]] = {}
     for did, name in conn.execute(sa.select(c.c.destinationid, c.c.name).order_by(c.c.name)):
         consumers.setdefault(did, []).append(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import sqlalchemy as sa
 
@@ -131,7 +132,8 @@ def _one_transaction(dialect: sa.Dialect, statements: list[sa.Executable]) -> li
 
 
 def _literal(stmt: sa.Executable, dialect: sa.Dialect) -> str:
-    return str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+    # Every statement here is also a ClauseElement (select, text, DDL); the Executable type has no compile().
+    return str(cast(sa.ClauseElement, stmt).compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
 
 
 def convert_ledger(p: TargetPlan, say: Callable[[str], None]) -> int | None:

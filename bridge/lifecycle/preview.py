@@ -224,7 +224,7 @@ def _batches(runner: JobRunner, source: Source, sconn: sa.Connection, kconn: sa.
 def _count(runner: JobRunner, source: Source, tconn: sa.Connection | None, rows: list[SourceRow], q: QueuePreview) -> None:
     keys = [source.ledger_key(r) for r in rows]
     known = runner.state.known(tconn, runner.origins[source.queue], keys, ranged=source.cursor == "monotonic") if tconn else {}
-    translated = getattr(source, "translated_headers", frozenset())
+    translated: frozenset[str] = getattr(source, "translated_headers", frozenset())
     types = runner.mapping.types
     for row, key in zip(rows, keys):
         q.rows += 1

@@ -313,7 +313,7 @@ class QuarantineDesk:
         tconn.execute(sa.update(s.ledger).where(self._entry(q))
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
                               at=naive_utc(utcnow())))
-        moved = Counter({("quarantined", None): -1})
+        moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1})
         moved[counted(outcome, ledger_reason)] += 1
         s.totals.add(tconn, self.runner.job.name, q["queue"], self._origins.pop(q["message_id"]), moved)
         self._audit(tconn, q, action, outcome, detail)

@@ -195,7 +195,7 @@ def _redeliverable_read(runner: JobRunner, sconn: sa.Connection, queue: str, bat
         rows = {str(r.key): r for r in source.fetch_keys(sconn, [k for k, *_ in batch], False)}
     audit = runner.job.target.audit_queue
     move = runner.job.mode == "move"
-    translated = getattr(source, "translated_headers", frozenset())
+    translated: frozenset[str] = getattr(source, "translated_headers", frozenset())
     rebuilt = move and source.marks_give_backs  # consumed rows are gone: rebuilt from what was delivered
     content = delivered_rows(runner, tconn, [(t, r) for k, t, r, _ in batch if k not in rows]) if rebuilt else {}
 
@@ -225,6 +225,7 @@ def _redeliverable_read(runner: JobRunner, sconn: sa.Connection, queue: str, bat
         if verdict == "theirs":
             out.append((key, table, row_id, mid, None))
         elif verdict == "owed":
+            assert payload is not None  # every source's "owed" comes with its payload
             out.append((key, table, row_id, mid, giveback.Owed(key, mid, payload)))
         else:
             # Which subqueue it came from cannot be told, or the delivered row lacks what
@@ -369,8 +370,8 @@ def _lock_and_delete(runner: JobRunner, tconn: sa.Connection, batch: list[Item],
     its message was consumed, so the ledger keeps it and it is counted as such."""
     tables = {str(t.name): t for t in runner.target.tables()}
     by_table: dict[str, dict[Any, tuple[str, str]]] = {}  # table -> row id -> (key, message id)
-    for key, table, row_id, mid, _ in batch:
-        by_table.setdefault(table, {})[row_id] = (key, mid)
+    for key, table_name, row_id, mid, _ in batch:
+        by_table.setdefault(table_name, {})[row_id] = (key, mid)
     keys = []
     for name, rows in by_table.items():
         table = tables[name]

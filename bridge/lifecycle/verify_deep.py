@@ -70,7 +70,7 @@ def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
         targets: set[str] = set()
         for queue, entries in _delivered(runner, tconn).items():
             source = runner.sources[queue]
-            translated = getattr(source, "translated_headers", frozenset())
+            translated: frozenset[str] = getattr(source, "translated_headers", frozenset())
             for start in range(0, len(entries), BATCH):
                 chunk = entries[start:start + BATCH]
                 rows = _fetch(source, sconn, [k for k, _, _ in chunk])

@@ -111,7 +111,7 @@ class Batch(JobSetup):
         entries: list[LedgerEntry] = []
         quarantined: list[Quarantined] = []
         consume: list[Any] = []
-        translated = getattr(source, "translated_headers", frozenset())
+        translated: frozenset[str] = getattr(source, "translated_headers", frozenset())
         take_quarantined = lock and source.consumes_quarantined
         now = utcnow()
         oldest = None

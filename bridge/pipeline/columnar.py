@@ -6,11 +6,11 @@ of the batch's target transaction, so exactly once is the batch's as it was."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
-from bridge.ledger.state import LedgerEntry, Quarantined
+from bridge.ledger.state import LedgerEntry, Quarantined, State
 from bridge.model import message_ids
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
@@ -21,7 +21,25 @@ from bridge.timefmt import utcnow
 log = logging.getLogger("qbridge.batch")
 
 if TYPE_CHECKING:
-    from bridge.pipeline.job import JobSetup as Batch  # the runner; _process is the Batch step's
+    from bridge.config import JobConfig
+
+
+class Batch(Protocol):
+    """The runner as the lane uses it: bridge.pipeline.batch.Batch, which imports this module
+    (so it is named by what it has, not imported)."""
+
+    job: JobConfig
+    target: Target
+    state: State
+    database: str
+    origins: dict[str, int]
+    fast_lane: bool
+    columnar: bool
+    lane_min_rows: int
+
+    def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+                 known: dict[str, str] | None = None, places: list[int] | None = None
+                 ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]: ...
 
 
 def takes_columns(runner: Batch, source: Source) -> bool:

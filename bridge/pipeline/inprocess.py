@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from bridge.pipeline.logcontext import about
-from bridge.pipeline.loop import JobRunner, PassStats
+from bridge.pipeline.loop import JobRunner, PassStats, drain_progress
 from bridge.pipeline.stats import key_chunks
 from bridge.retry import with_backoff
 
@@ -40,7 +41,7 @@ def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5)
         with about(name):  # the retries' lines are this job's
             with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
             with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
-            plans.append((runner, with_backoff(lambda r=runner: backlog(r), f"job {name}: counting rows", attempts=attempts)))
+            plans.append((runner, with_backoff(partial(backlog, runner), f"job {name}: counting rows", attempts=attempts)))
     totals: list[PassStats] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
@@ -49,14 +50,14 @@ def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5)
                 task = progress.add_task(f"{runner.job.name}/{queue}", total=max(n, 1))
                 done = PassStats(f"{runner.job.name}/{queue}")
 
-                def on_pass(stats: PassStats, done: PassStats = done, task: int = task) -> None:
+                def on_pass(stats: PassStats, done: PassStats = done, task: TaskID = task) -> None:
                     done.add(stats)
                     progress.update(task, advance=stats.read)
 
                 # Each pass commits, so a retry after a failure resumes where it stopped.
                 with about(runner.job.name, queue):
-                    drained = with_backoff(lambda r=runner, q=queue: r.drain(q, on_pass), f"job {runner.job.name} queue {queue}",
-                                           attempts=attempts, progress=lambda r=runner: r.passes_done)
+                    drained = with_backoff(partial(runner.drain, queue, on_pass), f"job {runner.job.name} queue {queue}",
+                                           attempts=attempts, progress=partial(drain_progress, runner))
                 if drained.waiting:
                     log.info("queue %s not drained: %s", queue, drained.waiting)
                     done.waiting = drained.waiting

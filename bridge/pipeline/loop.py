@@ -12,8 +12,14 @@ from bridge.pipeline.job import LedgerConflict, database_identity
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, RangeResult, chunked
 from bridge.pipeline.units import Units
 
-__all__ = ["SCAN_CHUNK", "JobRunner", "LedgerConflict", "PassStats", "RangeResult", "chunked", "database_identity"]
+__all__ = ["SCAN_CHUNK", "JobRunner", "LedgerConflict", "PassStats", "RangeResult", "chunked", "database_identity",
+           "drain_progress"]
 
 
 class JobRunner(Units):
     """Everything one job needs, built once per process, and the passes, batches and units run on it."""
+
+
+def drain_progress(runner: JobRunner) -> int:
+    """`with_backoff`'s `progress` for a drain on `runner`: the passes its drains committed (bridge.retry)."""
+    return runner.passes_done

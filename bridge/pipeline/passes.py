@@ -94,8 +94,8 @@ class Passes(Batch):
                 if new:
                     cp.high = new[-1].key
             if consume and cp.pending:  # a scan's leftovers that are pending are _consume_pending's
-                carried = {pending_key(k) for k in cp.pending}
-                consume = [k for k in consume if pending_key(k) not in carried]
+                carried_keys = {pending_key(k) for k in cp.pending}
+                consume = [k for k in consume if pending_key(k) not in carried_keys]
             consume += self._deliver(tconn, source, rows, lock, stats, known)
             # Merged, never overwritten: keys another pass left here (it died before its source
             # commit, or is committing it now) stay for `_consume_pending`; this pass consumes

@@ -19,6 +19,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rich.console import Console
@@ -30,7 +31,7 @@ from bridge.errors import BridgeError, LockLost, MigrationFailed
 from bridge.ledger.fence import Fence
 from bridge.ledger.gaps import Gap
 from bridge.pipeline import gc_policy, logcontext
-from bridge.pipeline.loop import JobRunner, PassStats, RangeResult
+from bridge.pipeline.loop import JobRunner, PassStats, RangeResult, drain_progress
 from bridge.pipeline.planner_stats import LedgerStats
 
 # spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
@@ -88,11 +89,11 @@ def plan_queue(runner: JobRunner, queue: str, size: int, first_index: int) -> tu
             pass  # consumed as read: the closing in-process pass drains it, skip-locked
         elif source.cursor == "scan":
             # Slices between sort tuples the database picks: the driver holds boundaries, never keys.
-            after = None
+            lower: tuple[Any, ...] | None = None
             for bound in source.slice_boundaries(sconn, size):
-                units.append(WorkUnit(first_index + len(units), job, queue, size, after=after, upto=bound, sliced=True))
-                after = bound
-            units.append(WorkUnit(first_index + len(units), job, queue, size, after=after, upto=None, sliced=True))
+                units.append(WorkUnit(first_index + len(units), job, queue, size, after=lower, upto=bound, sliced=True))
+                lower = bound
+            units.append(WorkUnit(first_index + len(units), job, queue, size, after=lower, upto=None, sliced=True))
         else:
             # The last key first: rows inserted while the boundaries are read land beyond it and
             # are left to the closing pass.
@@ -266,7 +267,7 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots:
     plans: list[QueuePlan] = []
     units: list[WorkUnit] = []
     for runner in runners:
-        counts = with_backoff(lambda r=runner: backlog(r), f"job {runner.job.name}: counting rows", attempts=attempts)
+        counts = with_backoff(partial(backlog, runner), f"job {runner.job.name}: counting rows", attempts=attempts)
         for queue, n in counts.items():
             source = runner.sources[queue]
             if source.cursor == "scan":
@@ -274,16 +275,15 @@ def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots:
                     plans.append(QueuePlan(runner, queue, None))
                     continue
                 # Slices cover every key (the ledger skips delivered ones in the task): size them by all.
-                n = with_backoff(lambda s=source, r=runner: _count(r, s), f"job {runner.job.name} queue {queue}: counting keys",
-                                 attempts=attempts)
+                n = with_backoff(partial(_count, runner, source), f"job {runner.job.name} queue {queue}: counting keys", attempts=attempts)
             size = unit_rows or unit_size(n, runner.job.batch_size, slots)
-            plan, queue_units = with_backoff(lambda r=runner, q=queue, s=size: plan_queue(r, q, s, len(units)),
+            plan, queue_units = with_backoff(partial(plan_queue, runner, queue, size, len(units)),
                                              f"job {runner.job.name} queue {queue}: planning", attempts=attempts)
             plans.append(plan)
             units.extend(queue_units)
     rates = {r.job.name: r.configured.rate_per_second for r in runners}
     # A job's max_rate shared out over the task slots, which may all run its units at once.
-    units = [dataclasses.replace(u, rate=rates[u.job] / slots) if rates[u.job] else u for u in units]
+    units = [dataclasses.replace(u, rate=rate / slots) if (rate := rates[u.job]) else u for u in units]
     log.info("planned %d units over %d queues (%d rows) in %.1fs", len(units), len(plans), sum(p.rows for p in plans),
              time.monotonic() - planning)
     return plans, units
@@ -307,16 +307,16 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
 
     by_queue: dict[tuple[str, str], list[tuple[PassStats, list[Gap]]]] = {}
     unit_of = {u.index: u for u in units}
-    for index, stats, gaps in results:
+    for index, unit_stats, unit_gaps in results:
         u = unit_of[index]
-        by_queue.setdefault((u.job, u.queue), []).append((stats, gaps))
+        by_queue.setdefault((u.job, u.queue), []).append((unit_stats, unit_gaps))
     totals: list[PassStats] = []
     for plan in plans:
         name = plan.runner.job.name
         total = PassStats(f"{name}/{plan.queue}")
         gaps: list[Gap] = []
-        for stats, unit_gaps in by_queue.get((name, plan.queue), []):
-            total.add(stats)
+        for unit_stats, unit_gaps in by_queue.get((name, plan.queue), []):
+            total.add(unit_stats)
             gaps.extend(unit_gaps)
         total.seconds = spark_seconds if plan.units else 0.0
         finish_queue(plan, gaps)
@@ -324,8 +324,8 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
         # Counted pass by pass: a retry after progress starts a new drain, whose total lacks the
         # passes of the attempts before it.
         tail = PassStats(plan.queue)
-        drained = with_backoff(lambda r=plan.runner, q=plan.queue, t=tail: r.drain(q, t.add), f"job {name} queue {plan.queue}",
-                               attempts=attempts, progress=lambda r=plan.runner: r.passes_done)
+        drained = with_backoff(partial(plan.runner.drain, plan.queue, tail.add), f"job {name} queue {plan.queue}",
+                               attempts=attempts, progress=partial(drain_progress, plan.runner))
         if drained.waiting:  # paused or held after the units: what is left waits for the next sync or run
             log.warning("queue %s not drained to the end: %s", plan.queue, drained.waiting)
             tail.waiting = drained.waiting

@@ -67,8 +67,11 @@ class Units(Passes):
         size = self.job.batch_size
         for start in range(0, len(keys), size):
             chunk = keys[start:start + size]
-            with_backoff(lambda c=chunk: self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats),
-                         f"job {self.job.name} queue {queue} keys {chunk[0]}..{chunk[-1]}")
+
+            def batch(c: Sequence[Any] = chunk) -> list[SourceRow]:
+                return self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats)
+
+            with_backoff(batch, f"job {self.job.name} queue {queue} keys {chunk[0]}..{chunk[-1]}")
         return result
 
     def run_slice(self, queue: str, after: Any, upto: Any) -> RangeResult:
@@ -89,8 +92,10 @@ class Units(Passes):
             new = chunk if self.job.mode == "move" else [k for k in chunk if k not in known]
             result.stats.already += len(chunk) - len(new)
             if new:
-                with_backoff(lambda c=new: self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats),
-                             f"job {self.job.name} queue {queue} keys {new[0]}..{new[-1]}")
+                def batch(c: Sequence[Any] = new) -> list[SourceRow]:
+                    return self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats)
+
+                with_backoff(batch, f"job {self.job.name} queue {queue} keys {new[0]}..{new[-1]}")
             if len(chunk) < size:
                 return result
             cursor = last

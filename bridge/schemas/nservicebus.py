@@ -214,7 +214,7 @@ def create_statements(tables: list[sa.Table], dialect: sa.Dialect) -> list[str]:
             out.extend([create, *indexes])
     return out
 
-def transport_tables(flavor: str, schema: str, url: str, catalog: str | None) -> TargetTables:
+def transport_tables(flavor: str, schema: str, url: str | sa.URL, catalog: str | None) -> TargetTables:
     """The transport tables of one NServiceBus database (either side of a job)."""
     parsed = sa.engine.make_url(url)
     backend = parsed.get_backend_name()

@@ -14,9 +14,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -40,7 +40,7 @@ BATCH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 class BridgeCollector(Collector):
     """Per job and queue, at scrape time, from the same books as `qbridge status --json`."""
 
-    def __init__(self, workers: list[WorkerView], books: Callable[[WorkerView], dict[str, Any]]) -> None:
+    def __init__(self, workers: Sequence[WorkerView], books: Callable[[WorkerView], dict[str, Any]]) -> None:
         self.workers = workers
         self.books = books
 
@@ -91,7 +91,7 @@ class BridgeCollector(Collector):
         yield from (messages, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
 
 
-def not_ready(workers: list[WorkerView]) -> str | None:
+def not_ready(workers: Sequence[WorkerView]) -> str | None:
     """Why this process is not ready (None: it is): for each job it runs, it must hold the job's
     lock (a standby is alive but not ready) and have finished a run or committed a batch lately
     (within three of its schedule's intervals, at least a minute)."""
@@ -124,7 +124,7 @@ class MetricsServer:
     A non-loopback address needs QBRIDGE_TOKEN, sent as `Authorization: Bearer <token>` or, from a
     browser, as `?token=<token>`."""
 
-    def __init__(self, listen: str, workers: list[WorkerView], title: str = "qbridge run",
+    def __init__(self, listen: str, workers: Sequence[WorkerView], title: str = "qbridge run",
                  alive: Callable[[], str | None] = lambda: None) -> None:
         host, port = parse_listen(listen)
         self.token = os.environ.get(TOKEN_ENV) or None
@@ -146,7 +146,7 @@ class MetricsServer:
         metrics = make_wsgi_app(self.registry)
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
-            path = environ.get("PATH_INFO")
+            path = cast(str, environ.get("PATH_INFO"))  # wsgiref sets it on every request
             if path in ("/healthz", "/readyz"):  # no token: they say ok or why not, nothing else
                 why = alive() if path == "/healthz" else (alive() or not_ready(workers))
                 start_response("503 Service Unavailable" if why else "200 OK",

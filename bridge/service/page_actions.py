@@ -20,6 +20,7 @@ import logging
 import secrets
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -57,7 +58,7 @@ class Operation:
 class PageActions:
     """The POST side of the status page."""
 
-    def __init__(self, workers: list[WorkerView]) -> None:
+    def __init__(self, workers: Sequence[WorkerView]) -> None:
         self.workers = {w.name: w for w in workers}
         self.secret = secrets.token_bytes(32)
         self.operations: OrderedDict[tuple[str, str], Operation] = OrderedDict()

@@ -38,6 +38,7 @@ class StatusCache:
         if have is not None and self.clock() < have[0]:
             return have[1]
         if not lock.acquire(blocking=have is None):
+            assert have is not None  # only a non-blocking acquire fails, and it is one only with books in hand
             return have[1]  # someone is computing newer books; these are the last finished ones
         try:
             again = self._books.get(name)

@@ -14,7 +14,7 @@ import html
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -144,7 +144,7 @@ td.reason{max-width:48em;white-space:pre-wrap;font-family:ui-monospace,monospace
 """
 
 
-def render(title: str, workers: list[WorkerView], history: History, books_of: Callable[[WorkerView], dict[str, Any]],
+def render(title: str, workers: Sequence[WorkerView], history: History, books_of: Callable[[WorkerView], dict[str, Any]],
            actions: PageActions | None = None, query: str = "", said: str | None = None) -> str:
     """The whole page; `books_of` gives a job's `status()` (the listener's shared reading);
     `actions` adds the forms that act (pause, resume, replay and discard a group), each posting

@@ -89,6 +89,30 @@ class Source:
         """Scan sources: the rows with these keys, in the order given."""
         raise NotImplementedError
 
+    def iter_keys(self, conn: sa.Connection) -> Iterator[Any]:
+        """Scan sources: every key in the keyset's order, streamed (ScanSource)."""
+        raise NotImplementedError
+
+    def iter_aged(self, conn: sa.Connection) -> Iterator[tuple[Any, Any]]:
+        """Scan sources: every key with its age, in the keyset's order (ScanSource)."""
+        raise NotImplementedError
+
+    # Scan sources: whether the keyset's order is oldest first (ScanSource).
+    walks_oldest_first: ClassVar[bool]
+
+    def slice_page(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None, limit: int
+                   ) -> tuple[list[Any], tuple[Any, ...] | None]:
+        """Scan sources: at most `limit` keys of a slice, and the last one's sort tuple (ScanSource)."""
+        raise NotImplementedError
+
+    def slice_boundaries(self, conn: sa.Connection, every: int) -> list[tuple[Any, ...]]:
+        """Scan sources: the sort tuple of every `every`-th row, where Spark cuts slices (ScanSource)."""
+        raise NotImplementedError
+
+    def queued_keys(self, conn: sa.Connection) -> Iterator[str]:
+        """Queue sources (cursor "queue"): the ledger key of every row in the queue now, unlocked."""
+        raise NotImplementedError
+
     def may_come_back(self, conn: sa.Connection, keys: Sequence[str]) -> set[str]:
         """Scan sources: the ledger keys among `keys` whose row is there, or gone but able to come
         back (their ledger entries must stay: bridge.lifecycle.prune). By default a row gone is gone for
@@ -115,10 +139,12 @@ class Source:
         """The canonical message of `row`, its id and coordinates filled in; a field that does not
         validate makes the row a BadRow, never a crash."""
         key = self.ledger_key(row)
+        # A dict, not a SourceRef: pydantic validates it with the rest, so one error names every bad field.
+        source: Any = {"system": self.system, "database": self.database, "queue": self.queue, "key": key}
         try:
             return CanonicalMessage(
                 message_id=message_id_for(self.system, self.database, self.queue, key),
-                source={"system": self.system, "database": self.database, "queue": self.queue, "key": key},
+                source=source,
                 **fields,
             )
         except ValueError as e:  # pydantic's ValidationError is a ValueError

@@ -146,11 +146,11 @@ class BizTalkSource(ScanSource):
         parts = self._parts(conn, sorted({v["uidMessageID"] for v in found.values()}))
         rows = []
         for key in keys:
-            values = found.get(key)
-            if values is None:
+            hit = found.get(key)
+            if hit is None:
                 continue  # consumed by BizTalk since the scan
-            values["parts"] = parts.get(values["uidMessageID"], [])
-            rows.append(SourceRow(key=key, consumable=True, values=values))
+            hit["parts"] = parts.get(hit["uidMessageID"], [])
+            rows.append(SourceRow(key=key, consumable=True, values=hit))
         return rows
 
     def may_come_back(self, conn: sa.Connection, keys: Sequence[str]) -> set[str]:

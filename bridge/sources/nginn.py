@@ -216,7 +216,8 @@ class NGinnSource(Source):
             stmt = (sa.select(t.c.id, t.c.subqueue, t.c.last_processed).where(t.c.id.in_(ids[start:start + STATEMENT_KEYS]))
                     .with_for_update().with_hint(t, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
             found.update((int(r.id), r) for r in conn.execute(stmt))
-        gone, back = [], {}
+        gone: list[str] = []
+        back: dict[str, list[int]] = {}
         for o in owed:
             row = found.get(int(o.key))
             if row is None:

@@ -48,7 +48,8 @@ def epoch_ms(value: int, what: str = "timestamp") -> datetime:
 
 def property_text(prop: dict[str, Any]) -> str:
     """A JMS property value as header text that reads back to the same Java value."""
-    kind, value = prop["type"], prop.get("value")
+    kind = prop["type"]
+    value: Any = prop.get("value")  # its Python type follows `kind`
     if kind is None:
         return ""
     if kind == "byte[]":

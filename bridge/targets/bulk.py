@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def insert_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]) -> None:
@@ -20,7 +23,7 @@ def insert_rows(conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]]
         conn.execute(table.insert(), rows)
 
 
-def insert_values(conn: sa.Connection, table: sa.Table, names: Sequence[str], rows: list[Sequence[Any]]) -> None:
+def insert_values(conn: sa.Connection, table: sa.Table, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """insert_rows for rows given as values in the order of `names` (no dict per row on COPY's path)."""
     if not rows:
         return
@@ -52,7 +55,7 @@ _BINARY_TYPES = (
 )
 
 
-def copy_rows(conn: sa.Connection, table: sa.Table, names: Sequence[str], rows: list[Sequence[Any]]) -> None:
+def copy_rows(conn: sa.Connection, table: sa.Table, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """`COPY ... FROM STDIN` on the connection's own transaction; binary when every column's type
     is known (bodies travel as raw bytes instead of hex text, timestamps unparsed)."""
     prep = conn.dialect.identifier_preparer
@@ -91,7 +94,8 @@ def copy_arrow(conn: sa.Connection, table: sa.Table, data: Any) -> None:
 
 
 def _copy(conn: sa.Connection, sql: str, send: Any) -> None:
-    raw = conn.connection.dbapi_connection
+    # DB-API types know no cursor context manager nor COPY; callers reach COPY only on psycopg (copies()).
+    raw = cast("psycopg.Connection[Any] | None", conn.connection.dbapi_connection)
     assert raw is not None
     dbapi = conn.dialect.loaded_dbapi
     try:

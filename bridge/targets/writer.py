@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
 
@@ -57,8 +57,8 @@ class TargetWriter:
             self.write_lane(conn, outs[0])
             return
         groups: dict[tuple[str, str], list[Outgoing]] = defaultdict(list)
-        for out in outs:
-            groups[(out.kind, out.queue)].append(out)  # type: ignore[union-attr]
+        for out in cast("Sequence[Outgoing]", outs):  # a LaneBatch only ever comes alone (above)
+            groups[(out.kind, out.queue)].append(out)
         parent = self._traceparent()
         for (kind, queue), items in groups.items():
             table, have = self.table(conn, kind, queue)

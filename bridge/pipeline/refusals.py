@@ -1,11 +1,15 @@
 """Rows the target refuses to store (issue 45): a value no encoder or column takes (a lone UTF-16
 surrogate that Java wrote without complaint, a NUL in a text column of PostgreSQL, a value longer
-than a legacy column, a NULL in a NOT NULL one) must cost that row, never the batch. A scan source
+than a legacy column) must cost that row, never the batch. A scan source
 reads a bad row in every batch, so a batch that rolls back on it is a queue stalled for good.
 
 A batch's write runs under a savepoint. Refused, the write is split in halves, each under a
 savepoint of its own, down to the rows that are refused alone: k bad rows of n cost about
-2·k·log2(n) writes, in the batch's row order, and only on the batches that hold one."""
+2·k·log2(n) writes, in the batch's row order, and only on the batches that hold one.
+
+A broken constraint is not a row's refusal: a NOT NULL column qbridge does not write, or a
+CHECK a DBA added, is the table's fault, which every row would break; the job stops naming it,
+rather than quarantine the whole queue."""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from bridge.codecs.jsonsafe import writable
-from bridge.db import unique_violation
 from bridge.errors import BridgeError
 
 # What an encoder raises on a value it cannot take (orjson, a codec, struct, Arrow, a driver's
@@ -30,9 +33,8 @@ def refused(error: BaseException) -> bool:
     database that is down is retried: neither is a row's)."""
     if isinstance(error, BridgeError):
         return False
-    if isinstance(error, sa_exc.IntegrityError):
-        return not unique_violation(error)
-    if isinstance(error, sa_exc.DBAPIError):
+    if isinstance(error, sa_exc.DBAPIError):  # a constraint (IntegrityError) is the table's: a NOT NULL column
+        # qbridge does not write, a CHECK a DBA added; every row breaks it, and the job stops saying so
         return isinstance(error, sa_exc.DataError)
     if isinstance(error, sa_exc.StatementError):  # a bind parameter's processing failed, before the driver
         return isinstance(error.orig, PYTHON_REFUSALS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 import uuid
@@ -204,9 +205,13 @@ class PlainMessage(NamedTuple):
     conversation_id: str | None = None  # when the legacy system names one (BizTalk's interchange)
 
 
+_LONE = re.compile("[\ud800-\udfff]")
+
+
 def ledger_safe_key(key: str) -> str:
-    """`key` itself, or a digest of it when it is longer than the ledger's key column takes
-    (an NServiceBus.MessageId is any text the sender chose): the same key always maps alike."""
-    if len(key) <= LEDGER_KEY_MAX:
+    """`key` itself, or a digest of it when it is longer than the ledger's key column takes or
+    holds what a text column may refuse, a NUL or a lone surrogate (an NServiceBus.MessageId is
+    any text the sender chose): the same key always maps alike."""
+    if len(key) <= LEDGER_KEY_MAX and "\x00" not in key and (key.isascii() or not _LONE.search(key)):
         return key
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -50,13 +51,33 @@ def writable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
-def raw_json(raw: Any) -> str:
-    """A kept raw row as JSON text; a lone surrogate, which no UTF-8 encoder takes, is kept as its
-    escape (a quarantined row must be kept, whatever it holds)."""
+def raw_json(raw: Any, ascii: bool = False) -> str:
+    """A kept raw row as JSON text; a lone surrogate, which no UTF-8 encoder takes, is kept as the
+    text of its escape. `ascii`: every character beyond ASCII a `\\uXXXX` escape, which reads back
+    the same, for a database whose character set refuses one (a reverse job keeps its quarantine
+    in the legacy database, which may be utf8mb3 or Latin-1): a quarantined row must be kept."""
     try:
-        return orjson.dumps(raw).decode()
+        text = orjson.dumps(raw).decode()
     except TypeError:
-        return orjson.dumps(_writable_values(raw)).decode()
+        text = orjson.dumps(_writable_values(raw)).decode()
+    return text if not ascii or text.isascii() else _NOT_ASCII.sub(_escape, text)
+
+
+def ascii_text(text: str) -> str:
+    """`writable(text)` in ASCII: the fallback for a reason a column's character set refuses."""
+    return writable(text).encode("ascii", "backslashreplace").decode("ascii")
+
+
+_NOT_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    """A character of JSON string text as its \\u escape (two, a surrogate pair, beyond the BMP)."""
+    code = ord(m.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _writable_values(value: Any) -> Any:

@@ -7,7 +7,7 @@ moved checkpoint commit in one transaction (GUIDE guarantee 1).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from bridge.codecs.jsonsafe import raw_json, writable
+from bridge.codecs.jsonsafe import ascii_text, raw_json, writable
 from bridge.ledger import quarantine_rows
 from bridge.ledger.failure_groups import GROUP_LENGTH, group_of
 from bridge.ledger.fence import jobs_table
@@ -28,7 +28,7 @@ from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
 from bridge.ledger.totals import Totals, batch_counts, totals_table
 from bridge.model import LEDGER_KEY_MAX, pending_key
-from bridge.targets.bulk import insert_rows, insert_values
+from bridge.targets.bulk import insert_in_any_charset, insert_rows, insert_values
 from bridge.timefmt import UTC, naive_utc, utcnow
 
 LEDGER = "qbridge_ledger"
@@ -334,19 +334,20 @@ class State:
             if ranged:  # every outcome a bit; a quarantined message also an entry, for its reason
                 self.ranges.mark(conn, origin, ((int(e.source_key), e.outcome) for e in entries))
                 each = [e for e in entries if e.outcome == "quarantined"]
-            insert_values(conn, self.ledger, LEDGER_COLUMNS, [
-                (origin, e.source_key, str(e.message_id), job, queue, e.outcome, e.target,
-                 (e.reason or None) and writable(e.reason)[:500], now)
-                for e in each
-            ])
+            def ledger_rows(text: Callable[[str], str]) -> list[tuple[Any, ...]]:
+                return [(origin, e.source_key, str(e.message_id), job, queue, e.outcome, e.target,
+                         (e.reason or None) and text(e.reason)[:500], now) for e in each]
+
+            insert_in_any_charset(conn, lambda text: insert_values(conn, self.ledger, LEDGER_COLUMNS, ledger_rows(text)),
+                            any(e.reason and not e.reason.isascii() for e in each))
             self.totals.add(conn, job, queue, origin, batch_counts(entries))
         if quarantined:
-            insert_rows(conn, self.quarantine, [
-                {"message_id": str(q.message_id), "job": job, "queue": queue, "source_key": q.source_key,
-                 "reason": writable(q.reason), "raw": raw_json(q.raw), "at": now,
-                 "grp": group_of(job, queue, writable(q.reason))}
-                for q in quarantined
-            ])
+            def quarantine_rows(text: Callable[[str], str]) -> list[dict[str, Any]]:
+                return [{"message_id": str(q.message_id), "job": job, "queue": queue, "source_key": q.source_key,
+                         "reason": text(q.reason), "raw": raw_json(q.raw, ascii=text is ascii_text), "at": now,
+                         "grp": group_of(job, queue, writable(q.reason))} for q in quarantined]
+
+            insert_in_any_charset(conn, lambda text: insert_rows(conn, self.quarantine, quarantine_rows(text)), True)
 
     def counts(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
         """queue -> outcome -> count, for the job's queues `origins` name (from the totals, not the ledger)."""
@@ -386,3 +387,4 @@ class State:
     def failure_groups(self, conn: sa.Connection, job: str, where: QuarantineFilter | None = None) -> list[dict[str, Any]]:
         """A job's quarantine by failure group (bridge.ledger.quarantine_rows.failure_groups)."""
         return quarantine_rows.failure_groups(self.quarantine, conn, job, where)
+

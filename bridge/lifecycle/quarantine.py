@@ -23,6 +23,7 @@ import orjson
 import sqlalchemy as sa
 
 from bridge import faults, tracing
+from bridge.codecs.jsonsafe import ascii_text, raw_json
 from bridge.db import unique_violation
 from bridge.ledger.failure_groups import group_of
 from bridge.ledger.state import QuarantineFilter, State
@@ -32,6 +33,7 @@ from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
 from bridge.pipeline.refusals import write_refusing
 from bridge.targets.base import Skipped
+from bridge.targets.bulk import insert_in_any_charset
 from bridge.timefmt import UTC, naive_utc, utcnow
 
 log = logging.getLogger("qbridge.quarantine")
@@ -211,6 +213,8 @@ class QuarantineDesk:
             # under another id than the ledger's would let the message arrive twice.
             return failed(f"the message id computed now differs from the ledger's: did jobs[].source.database or "
                           f"the source URL change since it was quarantined? (it is {r.database!r} now); nothing done")
+        with r.target_engine.connect() as tconn:  # what the target reads once per batch (an OpenJMS store's destinations)
+            r.target.begin_batch(tconn)
         _, result, reason = r.map_row(source, row, getattr(source, "translated_headers", frozenset()))
         # Move mode consumes the legacy row once the message is out, as a pass does: the target
         # commits first, with the key in the checkpoint's pending list, so that if this process
@@ -320,12 +324,17 @@ class QuarantineDesk:
         tconn.execute(sa.delete(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]))
 
     def _audit(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str) -> None:
-        tconn.execute(sa.insert(self.state.audit).values(
-            at=naive_utc(utcnow()), job=self.runner.job.name, queue=q["queue"], message_id=q["message_id"],
-            source_key=q["source_key"], action=action, outcome=outcome, actor=self.actor, why=self.why,
-            reason=q["reason"], detail=f"{detail} ({q['edit']})" if "edit" in q else detail,
-            quarantined_at=naive_utc(datetime.fromisoformat(q["at"])), raw=orjson.dumps(q.get("kept_raw", q["raw"])).decode(),
-        ))
+        """One audit row, in whatever character set the database has (as the quarantine row was kept)."""
+        def insert(text: Callable[[str], str]) -> None:
+            tconn.execute(sa.insert(self.state.audit).values(
+                at=naive_utc(utcnow()), job=self.runner.job.name, queue=q["queue"], message_id=q["message_id"],
+                source_key=q["source_key"], action=action, outcome=outcome, actor=self.actor,
+                why=self.why and text(self.why), reason=text(q["reason"]),
+                detail=text(f"{detail} ({q['edit']})" if "edit" in q else detail),
+                quarantined_at=naive_utc(datetime.fromisoformat(q["at"])),
+                raw=raw_json(q.get("kept_raw", q["raw"]), ascii=text is ascii_text)))
+
+        insert_in_any_charset(tconn, insert, True)
 
 
 def audit_trail(state: State, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:

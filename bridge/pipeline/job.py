@@ -55,6 +55,7 @@ class JobSetup:
     bridge.pipeline.loop.JobRunner work on it)."""
 
     def __init__(self, config: Config, job: JobConfig) -> None:
+        self.config = config  # a replay from the status page makes a runner of its own from it
         self.configured = job  # as the config says; `job` is it with the batch a rate allows
         self.job = job
         self.mapping = config.mapping(job)
@@ -215,23 +216,33 @@ class JobSetup:
                     "using it and run `qbridge init -c CONFIG` once to fold them")
             self._ledger_checked = True
 
-    def givebacks_kept(self) -> bool:
+    def givebacks_kept(self, conn: sa.Connection | None = None) -> bool:
         """Whether the target has qbridge_givebacks (made by `init` since issue 28): a ledger
         without it has never had anything given back, and passes need not look (once a process)."""
-        return self.kept(self.state.givebacks)
+        return self.kept(self.state.givebacks, conn)
 
-    def kept(self, table: sa.Table) -> bool:
+    def kept(self, table: sa.Table, conn: sa.Connection | None = None) -> bool:
         """Whether the target has `table`, one of the state tables later versions of `init` add.
         Found, it is taken as there for good; missing, it is looked for again after
         KEPT_RECHECK_SECONDS: an operator runs `init` beside a running process (whose pauses,
-        give-backs and units in flight it must then see), and a miss costs one catalog query."""
+        give-backs and units in flight it must then see), and a miss costs one catalog query.
+        `conn`: the caller's transaction, in which a missing table is looked for every time, on
+        that connection (a pass asks under its checkpoint lock whether a rollback owes rows: a
+        stale miss there would read them as processed, and a second connection to a SQLite
+        target would wait on the pass's own write lock)."""
         now = time.monotonic()
         seen = self._kept.get(table.name)
-        if seen is None or (seen is not True and now - seen >= self.kept_recheck_seconds):
+        if seen is True:
+            return True
+        if conn is not None:
+            found = sa.inspect(conn).has_table(table.name, schema=table.schema)
+        elif seen is None or now - seen >= self.kept_recheck_seconds:
             with self.target_engine.connect() as tconn:
                 found = sa.inspect(tconn).has_table(table.name, schema=table.schema)
-            self._kept[table.name] = True if found else now
-        return self._kept[table.name] is True
+        else:
+            return False
+        self._kept[table.name] = True if found else now
+        return found
 
     def inflight_kept(self) -> bool:
         """Whether keys in flight can be recorded and read; a move-mode Spark unit needs them."""

@@ -59,7 +59,7 @@ class Passes(Batch):
         now = time.time()
         with self.target_engine.connect() as tconn, tconn.begin():
             cp = self.state.lock_checkpoint(tconn, job.name, source.queue)
-            if self.givebacks_kept() and giveback.anything_owed(tconn, self.state, job.name, source.queue):
+            if self.givebacks_kept(tconn) and giveback.anything_owed(tconn, self.state, job.name, source.queue):
                 # A rollback withdrew rows after this pass gave back what was owed: read now, they
                 # would be taken as processed. Redone, the pass gives them back first.
                 self.owed_queues.add(source.queue)

@@ -151,8 +151,14 @@ class PageActions:
             if outcome.action == "replay-failed":
                 op.failed += 1
 
+        from bridge.pipeline.loop import JobRunner
+
         try:
-            desk = QuarantineDesk(worker.runner, op.actor, why)
+            # A runner of its own: its target's per-batch reads (an OpenJMS store's consumers) must not
+            # change under the worker's pass beside it; the worker's rate and back-pressure it shares.
+            runner = JobRunner(worker.runner.config, worker.runner.configured)
+            runner.pace, runner.pressure = worker.runner.pace, worker.runner.pressure
+            desk = QuarantineDesk(runner, op.actor, why)
             if op.action == "replay":
                 desk.replay(None, where, on_each=each, keep=False, on_wait=lambda why: setattr(op, "waiting", why))
             else:

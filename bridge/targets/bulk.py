@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from bridge.codecs.jsonsafe import ascii_text, writable
 
 if TYPE_CHECKING:
     import psycopg
@@ -105,3 +108,18 @@ def _copy(conn: sa.Connection, sql: str, send: Any) -> None:
         # COPY bypasses SQLAlchemy's execute; wrap the driver error the way execute would
         # (IntegrityError, OperationalError, ...) so callers see one kind of error everywhere.
         raise sa.exc.DBAPIError.instance(sql, None, e, dbapi.Error) from e
+
+
+def insert_in_any_charset(conn: sa.Connection, insert: Callable[[Callable[[str], str]], None], may_refuse: bool) -> None:
+    """`insert(text)` with the texts as they are (`writable`), or, where the database's character
+    set refuses one (a reverse job's books in a utf8mb3 or Latin-1 legacy database), in ASCII
+    with escapes: a quarantined row and its reason are kept whatever they hold, never a batch
+    rolled back for them. The savepoint is only taken where a text is not ASCII."""
+    if not may_refuse:
+        insert(writable)
+        return
+    try:
+        with conn.begin_nested():
+            insert(writable)
+    except sa_exc.DataError:
+        insert(ascii_text)

@@ -81,11 +81,13 @@ class OpenJMSTarget(Target):
             # The server's own counter restarts with it and only breaks ties between equal accept
             # times, so one read of the store's highest, then counting on, is all it needs.
             self.sequence = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(h.c.sequencenumber), 0))).scalar_one())
-        self.destinations = {name: (int(did), is_queue(q)) for name, q, did in
-                             conn.execute(sa.select(d.c.name, d.c.isqueue, d.c.destinationid))}
-        self.consumers = {}
+        destinations = {name: (int(did), is_queue(q)) for name, q, did in
+                        conn.execute(sa.select(d.c.name, d.c.isqueue, d.c.destinationid))}
+        consumers: dict[int, list[tuple[str, int]]] = {}
         for name, did, cid in conn.execute(sa.select(c.c.name, c.c.destinationid, c.c.consumerid).order_by(c.c.consumerid)):
-            self.consumers.setdefault(int(did), []).append((name, int(cid)))
+            consumers.setdefault(int(did), []).append((name, int(cid)))
+        # Each assigned whole: whoever maps a message meanwhile sees the last read or this one, never half of one.
+        self.destinations, self.consumers = destinations, consumers
 
     def envelope(self, msg: CanonicalMessage, translated: frozenset[str]) -> JmsRows | Skipped:
         name = self.rules.destination(msg, self.system, self.identity)

@@ -24,6 +24,12 @@ from bridge.timefmt import naive_utc, utcnow
 TOTALS = "qbridge_totals"
 OUTCOMES = ("delivered", "skipped", "quarantined")
 PRUNED = "pruned"  # entries removed from the ledger (bridge.lifecycle.prune): counted, never taken off an outcome
+# What left an outcome, counted apart so that what ever happened only grows (issue 46): a replay
+# or discard takes a message out of quarantine, a rollback out of delivered. Prometheus's
+# qbridge_messages_total{outcome} is an outcome's count now plus what left it.
+RELEASED = "released"  # quarantined messages replayed or discarded
+WITHDRAWN = "withdrawn"  # delivered messages a rollback withdrew
+LEFT = {"quarantined": RELEASED, "delivered": WITHDRAWN}
 COLUMNS = ("origin", "job", "queue", "outcome", "reason", "n", "at")
 FOLD_EVERY = 50  # passes of a queue between folds: at most ~50 batches' rows wait to be folded
 
@@ -64,13 +70,13 @@ class Totals:
             insert_values(conn, self.table, COLUMNS, rows)
 
     def counts(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
-        """queue -> outcome (and `pruned`) -> count."""
+        """queue -> outcome (and `pruned`, `released`, `withdrawn`) -> count."""
         t = self.table
         out: dict[str, dict[str, int]] = {}
         stmt = (sa.select(t.c.queue, t.c.outcome, sa.func.sum(t.c.n)).where(t.c.origin.in_(list(origins)), t.c.job == job)
                 .group_by(t.c.queue, t.c.outcome))
         for queue, outcome, n in conn.execute(stmt):
-            out.setdefault(queue, {**dict.fromkeys(OUTCOMES, 0), PRUNED: 0})[outcome] = int(n)
+            out.setdefault(queue, {**dict.fromkeys(OUTCOMES, 0), PRUNED: 0, RELEASED: 0, WITHDRAWN: 0})[outcome] = int(n)
         return out
 
     def skip_reasons(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:

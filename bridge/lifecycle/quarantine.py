@@ -27,7 +27,7 @@ from bridge.codecs.jsonsafe import ascii_text, raw_json
 from bridge.db import unique_violation
 from bridge.ledger.failure_groups import group_of
 from bridge.ledger.state import QuarantineFilter, State
-from bridge.ledger.totals import counted
+from bridge.ledger.totals import RELEASED, counted
 from bridge.lifecycle.replay_gate import Gate
 from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
@@ -317,7 +317,7 @@ class QuarantineDesk:
         tconn.execute(sa.update(s.ledger).where(self._entry(q))
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
                               at=naive_utc(utcnow())))
-        moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1})
+        moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1, (RELEASED, None): 1})
         moved[counted(outcome, ledger_reason)] += 1
         s.totals.add(tconn, self.runner.job.name, q["queue"], self._origins.pop(q["message_id"]), moved)
         self._audit(tconn, q, action, outcome, detail)

@@ -37,6 +37,7 @@ from bridge.db import read_only_engine
 from bridge.errors import TargetSchemaError, UsageError
 from bridge.ledger import giveback, giveback_marks
 from bridge.ledger.state import pending_key
+from bridge.ledger.totals import WITHDRAWN
 from bridge.model import queue_origin
 from bridge.pipeline.loop import JobRunner, database_identity
 from bridge.sources import SourceRow
@@ -355,7 +356,8 @@ def _withdraw(runner: JobRunner, reader: sa.Engine, queue: str, listed: list[tup
                 cp.gaps = [g for g in cp.gaps if g.hi <= low]
                 state.save_checkpoint(tconn, cp)
         if keys:
-            state.totals.add(tconn, runner.job.name, queue, origin, Counter({("delivered", None): -len(keys)}))
+            state.totals.add(tconn, runner.job.name, queue, origin,
+                             Counter({("delivered", None): -len(keys), (WITHDRAWN, None): len(keys)}))
         withdrawn = set(keys)
         giveback.owe(tconn, state, runner.job.name, queue, [o for *_, o in batch if o is not None and o.key in withdrawn])
         runner.fenced(tconn)

@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.ledger.totals import LEFT, OUTCOMES
 from bridge.pipeline.inprocess import backlog_of
 from bridge.pipeline.loop import SCAN_CHUNK, JobRunner
 from bridge.pipeline.stats import key_chunks
@@ -162,8 +163,8 @@ def _queue_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, 
     """A consumed queue (NServiceBus proxy queues): what left it is in the ledger; what is still
     there is backlog, or `pending` when the ledger has it (its delete did not commit yet)."""
     counts = runner.state.counts(tconn, runner.job.name, [runner.origins[source.queue]]).get(source.queue, {})
-    for outcome, n in counts.items():
-        setattr(b, outcome, n)
+    for outcome in OUTCOMES:  # now (what left an outcome is counted apart: bridge.ledger.totals)
+        setattr(b, outcome, counts.get(outcome, 0))
     b.source_rows = b.delivered + b.skipped + b.quarantined
     for keys in key_chunks(source.queued_keys(sconn)):
         known = runner.ledger_lookup(tconn, source, keys)
@@ -178,7 +179,7 @@ def status(runner: JobRunner) -> dict[str, Any]:
     with runner.target_engine.connect() as tconn:
         checkpoints = runner.state.read_checkpoints(tconn, job)
         counts = runner.state.counts(tconn, job, runner.origins.values())
-    queues = []
+    queues: list[dict[str, Any]] = []
     backlog_error = None
     try:
         with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
@@ -196,6 +197,8 @@ def status(runner: JobRunner) -> dict[str, Any]:
             "delivered": c.get("delivered", 0),
             "skipped": c.get("skipped", 0),
             "quarantined": c.get("quarantined", 0),
+            # What ever happened, which only grows (Prometheus's counters): now, plus what left since.
+            "ever": {outcome: c.get(outcome, 0) + c.get(LEFT.get(outcome, ""), 0) for outcome in OUTCOMES},
             "backlog": backlogs.get(queue),
             "lag_seconds": (0.0 if backlogs.get(queue) == 0 else (cp.lag_seconds if cp else None)),
             "open_gaps": len(cp.gaps) if cp else 0,

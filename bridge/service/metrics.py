@@ -45,8 +45,11 @@ class BridgeCollector(Collector):
         self.books = books
 
     def collect(self) -> Iterable[Any]:
-        messages = CounterMetricFamily("qbridge_messages", "Messages by outcome, from the ledger",
+        messages = CounterMetricFamily("qbridge_messages", "Messages that ever had each outcome, from the ledger's "
+                                       "totals: a replay, a discard or a rollback takes none off",
                                        labels=["job", "queue", "direction", "outcome"])
+        quarantined = GaugeMetricFamily("qbridge_quarantined_messages", "Messages in quarantine now (replay and "
+                                        "discard take them out)", labels=["job", "queue"])
         backlog = GaugeMetricFamily("qbridge_backlog_messages", "Messages waiting in the source", labels=["job", "queue"])
         lag = GaugeMetricFamily("qbridge_lag_seconds", "Age of the oldest message of the last batch (0 without backlog)",
                                 labels=["job", "queue"])
@@ -71,7 +74,8 @@ class BridgeCollector(Collector):
             for q in books["queues"]:
                 labels = [job, q["queue"]]
                 for outcome in ("delivered", "skipped", "quarantined"):
-                    messages.add_metric([*labels, direction, outcome], q[outcome])
+                    messages.add_metric([*labels, direction, outcome], q["ever"][outcome])
+                quarantined.add_metric(labels, q["quarantined"])
                 if q["backlog"] is not None:
                     backlog.add_metric(labels, q["backlog"])
                 if q["lag_seconds"] is not None:
@@ -88,7 +92,7 @@ class BridgeCollector(Collector):
                 success.add_metric([job], w.last_success)
             for reason, n in sorted(w.retries.items()):
                 retries.add_metric([job, reason], n)
-        yield from (messages, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
+        yield from (messages, quarantined, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
 
 
 def not_ready(workers: Sequence[WorkerView]) -> str | None:

@@ -23,6 +23,7 @@ from bridge.ledger.failure_groups import GROUP_LENGTH, group_of
 from bridge.ledger.fence import jobs_table
 from bridge.ledger.gaps import Gap
 from bridge.ledger.inflight import Inflight, inflight_table
+from bridge.ledger.job_state import job_state_table
 from bridge.ledger.quarantine_rows import QuarantineFilter
 from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
@@ -130,7 +131,8 @@ def state_tables(schema: str | None, metadata: sa.MetaData | None = None) -> dic
     return {"ledger": ledger, "checkpoint": checkpoint, "quarantine": quarantine, "audit": audit,
             "totals": totals_table(schema, md), "ranges": ranges_table(schema, md), "givebacks": givebacks,
             "inflight": inflight_table(schema, md), "jobs": jobs_table(schema, md),
-            "steering": steering_table(schema, md), "steering_audit": steering_audit_table(schema, md)}
+            "steering": steering_table(schema, md), "steering_audit": steering_audit_table(schema, md),
+            "job_state": job_state_table(schema, md)}
 
 
 @dataclass
@@ -186,10 +188,11 @@ class State:
         self.givebacks, self.jobs = t["givebacks"], t["jobs"]
         self.inflight = Inflight(t["inflight"])
         self.steering = SteeringBook(schema)
+        self.job_state = t["job_state"]
 
     def all_tables(self) -> list[sa.Table]:
         return [self.ledger, self.checkpoint, self.quarantine, self.audit, self.totals.table, self.ranges.table,
-                self.givebacks, self.inflight.table, self.jobs, self.steering.table, self.steering.audit]
+                self.givebacks, self.inflight.table, self.jobs, self.steering.table, self.steering.audit, self.job_state]
 
     # -- checkpoints -----------------------------------------------------------------------
     def ensure_checkpoint(self, engine: sa.Engine, job: str, queue: str) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.ledger import job_state
 from bridge.ledger.totals import LEFT, OUTCOMES
 from bridge.pipeline.inprocess import backlog_of
 from bridge.pipeline.loop import SCAN_CHUNK, JobRunner
@@ -179,6 +180,7 @@ def status(runner: JobRunner) -> dict[str, Any]:
     with runner.target_engine.connect() as tconn:
         checkpoints = runner.state.read_checkpoints(tconn, job)
         counts = runner.state.counts(tconn, job, runner.origins.values())
+        run = job_state.read(tconn, runner.state.job_state, [job])[job]
     queues: list[dict[str, Any]] = []
     backlog_error = None
     try:
@@ -204,6 +206,8 @@ def status(runner: JobRunner) -> dict[str, Any]:
             "open_gaps": len(cp.gaps) if cp else 0,
             "seconds_since_last_delivery": (now - cp.last_delivery_at).total_seconds() if cp and cp.last_delivery_at else None,
         })
+    steering = runner.steering().as_json()
+    state, why = job_state.overall(run, steering)
     runs = [q["last_run"] for q in queues if q["last_run"]]
     lags = [q["lag_seconds"] for q in queues if q["lag_seconds"] is not None]
     backlog_values = [q["backlog"] for q in queues if q["backlog"] is not None]
@@ -216,6 +220,9 @@ def status(runner: JobRunner) -> dict[str, Any]:
         "backlog": sum(backlog_values) if backlog_values and backlog_error is None else None,
         "quarantined": sum(q["quarantined"] for q in queues),
         "source_error": backlog_error,
-        "steering": runner.steering().as_json(),
+        "steering": steering,
+        # running | paused | held | failing | stopped, and why (bridge.ledger.job_state)
+        "state": state,
+        "state_reason": why,
         "queues": queues,
     }

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bridge.errors import UsageError
+from bridge.ledger import job_state
 from bridge.listen import is_loopback, loopback_host, parse_listen
 from bridge.service.page_actions import PageActions
 from bridge.service.status_cache import StatusCache
@@ -63,6 +64,8 @@ class BridgeCollector(Collector):
                                     "max_target_depth)", labels=["job"])
         held_seconds = CounterMetricFamily("qbridge_job_held_seconds", "Seconds the job was held by back-pressure, in all",
                                            labels=["job"])
+        states = GaugeMetricFamily("qbridge_job_state", "1 for the job's state now: running, paused, held, failing "
+                                   "(retrying after errors) or stopped (on an error, until fixed)", labels=["job", "state"])
         for w in self.workers:
             job = w.name
             direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
@@ -82,6 +85,9 @@ class BridgeCollector(Collector):
                     lag.add_metric(labels, q["lag_seconds"])
                 gaps.add_metric(labels, q["open_gaps"])
             held.add_metric([job], 1.0 if w.lock.held else 0.0)
+            now, _ = state_of(w, books)
+            for state in job_state.STATES:
+                states.add_metric([job, state], 1.0 if state == now else 0.0)
             steering = books.get("steering")
             if steering is not None:
                 paused.add_metric([job], 1.0 if steering["paused"] else 0.0)
@@ -92,7 +98,20 @@ class BridgeCollector(Collector):
                 success.add_metric([job], w.last_success)
             for reason, n in sorted(w.retries.items()):
                 retries.add_metric([job, reason], n)
-        yield from (messages, quarantined, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
+        yield from (messages, quarantined, states, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
+
+
+def state_of(w: WorkerView, books: dict[str, Any]) -> tuple[str, str | None]:
+    """(state, why) of a job this process runs: what it knows itself first (stopped, failing, or
+    a run since it started, which makes the books' word of an earlier process old), else the
+    books' (`status --json`'s: what the process running it wrote, a standby's view)."""
+    if w.stopped_reason:
+        return "stopped", w.stopped_reason
+    if w.failures:
+        return "failing", w.last_error
+    if w.last_success is not None:
+        return job_state.overall(job_state.RunState(), books.get("steering"))
+    return books.get("state") or "running", books.get("state_reason")
 
 
 def not_ready(workers: Sequence[WorkerView]) -> str | None:
@@ -187,7 +206,7 @@ class MetricsServer:
                 start_response("200 OK", [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")])
                 return [page]
             if path == "/status.json":
-                body = orjson.dumps({"jobs": [self.books(w) for w in workers]})
+                body = orjson.dumps({"jobs": [self._job_json(w) for w in workers]})
                 start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
                 return [body]
             start_response("404 Not Found", [("Content-Type", "text/plain")])
@@ -198,6 +217,12 @@ class MetricsServer:
         except OSError as e:
             raise UsageError(f"--listen {listen}: {e.strerror}") from None
         self.thread = threading.Thread(target=self.server.serve_forever, name="qbridge-metrics", daemon=True)
+
+    def _job_json(self, w: WorkerView) -> dict[str, Any]:
+        """`status --json`'s job, with the state as this process knows it (state_of)."""
+        books = self.books(w)
+        state, why = state_of(w, books)
+        return {**books, "state": state, "state_reason": why}
 
     def _on_batch(self, job: str, stats: Any) -> None:
         self.batch.labels(job).observe(stats.seconds)

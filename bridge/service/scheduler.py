@@ -28,7 +28,8 @@ from bridge import tracing
 from bridge.config import JobConfig
 from bridge.db import is_retryable
 from bridge.errors import BridgeError
-from bridge.ledger.joblock import JobLock, LockLost
+from bridge.ledger import job_state
+from bridge.ledger.joblock import IDENTITY, JobLock, LockLost
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner
 from bridge.timefmt import parse_duration
@@ -79,6 +80,8 @@ class JobWorker:
         self.checked = False
         self.standing_by = False
         self.stopped_reason: str | None = None
+        # running, failing or stopped, written to the books when it changes (bridge.ledger.job_state)
+        self._tell = job_state.Teller(runner.target_engine, runner.state.job_state, self.name, IDENTITY)
         # epoch seconds of the last run without an error, or of its last committed batch: a drain
         # of a long backlog (throttled, say) is a run in progress, not a job that stopped.
         self.last_success: float | None = None
@@ -155,6 +158,7 @@ class JobWorker:
             if self.failures:
                 log.info("job=%s recovered after %d failed attempt(s)", self.name, self.failures)
             self.failures = 0
+            self._tell("running", None)
         except Exception as e:  # noqa: BLE001 - a job's failure must never take the scheduler down
             self._failed(e)
 
@@ -228,6 +232,7 @@ class JobWorker:
             delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
             self.retry_at = self.clock() + delay
             log.warning("job=%s attempt %d failed (%s); retrying in %.0fs", self.name, self.failures, reason_line, delay)
+            self._tell("failing", reason_line)
             if self.lock.held:
                 try:
                     self.lock.ensure()  # drops a lock whose connection died with the database
@@ -236,12 +241,14 @@ class JobWorker:
         elif isinstance(e, BridgeError):
             self.stopped_reason = reason_line
             log.error("job=%s stopped: %s (the other jobs keep running; fix it and restart qbridge run)", self.name, "\n".join(reason))
+            self._tell("stopped", reason_line)
             self.lock.release()
         else:
             self.failures += 1
             delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
             self.retry_at = self.clock() + delay
             log.exception("job=%s unexpected %s; retrying in %.0fs", self.name, type(e).__name__, delay)
+            self._tell("failing", f"{type(e).__name__}: {reason_line}")
 
 
 class Scheduler:

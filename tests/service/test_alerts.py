@@ -88,8 +88,15 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
                   "repeat_interval": "1h"},
         "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url, "send_resolved": True}]}],
     }))
+    # A second job keeps the run going while the first is stopped (a run whose jobs all stopped exits).
+    other = ('\n[[jobs]]\nname = "job2"\nsource = { system = "nginn", connection = "legacy", queues = ["MQueue9"], '
+             'timezone = "UTC" }\ntarget = { connection = "nsb", flavor = "postgresql" }\nmapping = "mapping.toml"\n'
+             'schedule = { every = "1s" }\n')
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", schedule='every = "1s"',
-               batch_size=1, extra='max_rate = "2/s"\nmax_target_depth = 8\n')
+               batch_size=1, extra='max_rate = "2/s"\nmax_target_depth = 8\n' + other)
+    from bridge.demo.samples import create_nginn_queue
+
+    create_nginn_queue(b.source, "MQueue9")
     assert b.cli("init") == 0
     procs: list[subprocess.Popen] = []
     run = b.spawn("run", "--listen", f"127.0.0.1:{qport}")
@@ -145,9 +152,9 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         resolves("QBridgeLagHigh")
         resolves("QBridgeQuarantineGrowing")
         # paused too long
-        assert b.cli("pause", "--why", "alert test") == 0
+        assert b.cli("pause", "--job", "job1", "--why", "alert test") == 0
         fires("QBridgeJobPausedLong")
-        assert b.cli("resume") == 0
+        assert b.cli("resume", "--job", "job1") == 0
         resolves("QBridgeJobPausedLong")
         # no success: the legacy queue table is gone (every run fails and backs off), then back
         with b.source.begin() as conn:
@@ -156,16 +163,33 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         with b.source.begin() as conn:
             conn.execute(sa.text('alter table "MQueue1_away" rename to "MQueue1"'))
         resolves("QBridgeNoSuccess", timeout=120)  # the back-off doubles: 1, 2, 4, 8 s ...
+        # stopped: an error waiting cannot fix, which a reload's check of the job finds (the legacy
+        # table gone): QBridgeJobStopped fires, and QBridgeJobLockLost does not (the stop released the lock)
+
+        def reload() -> None:
+            done = subprocess.run([sys.executable, "-m", "bridge", "reload", "-c", str(b.config)], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+
+        with b.source.begin() as conn:
+            conn.execute(sa.text('alter table "MQueue1" rename to "MQueue1_away"'))
+        reload()
+        fires("QBridgeJobStopped")
+        with b.source.begin() as conn:
+            conn.execute(sa.text('alter table "MQueue1_away" rename to "MQueue1"'))
+        reload()  # a stopped job takes the new config and runs again
+        resolves("QBridgeJobStopped")
+        assert not hook.has("firing", "QBridgeJobLockLost"), hook.seen
         # a lock lost: the lock file removed by a cleaner, and another process takes the job
         with b.target.begin() as conn:
             conn.execute(sa.text('delete from "Orders"'))
-        lock = next(tmp_path.glob("n.db.*.lock"))
+        lock = next(p for p in tmp_path.glob("n.db.*.lock") if "job1" in p.name)
         lock.unlink()
         b.insert(b.ready(16, start=2000))
         # the same job without back-pressure, so that it holds the job for 8 s at 2/s, not until the queue is full
         taker = tmp_path / "taker.toml"
         taker.write_text(b.config.read_text().replace("max_target_depth = 8\n", ""))
-        sync = subprocess.Popen([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(taker)], cwd=tmp_path,
+        sync = subprocess.Popen([sys.executable, "-m", "bridge", "sync", "--once", "--job", "job1", "-c", str(taker)], cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(sync)
         fires("QBridgeJobLockLost")

@@ -141,7 +141,7 @@ def test_alert_rules_are_a_prometheus_rule_file_on_our_metrics() -> None:
     [group] = doc["groups"]
     assert group["name"] and set(group) <= {"name", "rules", "interval"}
     names = {"qbridge_lag_seconds", "qbridge_messages_total", "qbridge_last_success_timestamp_seconds", "qbridge_job_held",
-             "qbridge_job_paused", "qbridge_job_lock_held"}
+             "qbridge_job_paused", "qbridge_job_lock_held", "qbridge_job_state"}
     used = set()
     for rule in group["rules"]:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
@@ -149,7 +149,7 @@ def test_alert_rules_are_a_prometheus_rule_file_on_our_metrics() -> None:
         assert rule["annotations"]["summary"]
         assert rule.get("for", "1m")[-1] in "smh"
         used |= {n for n in names if n in rule["expr"]}
-    assert used == names and len(group["rules"]) == 6
+    assert used == names and len(group["rules"]) == 7
 
 
 def test_promtool_accepts_the_alert_rules() -> None:
@@ -168,4 +168,4 @@ def test_promtool_accepts_the_alert_rules() -> None:
     rules = Path(__file__).parents[2] / "docs" / "prometheus" / "alerts.yml"
     done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 6 rules found" in done.stdout
+    assert "SUCCESS: 7 rules found" in done.stdout

@@ -254,3 +254,20 @@ def endpoint_takes(b: Bridge, n: int, table: str = "Orders") -> list[str]:
         rows = conn.execute(sa.select(t.c.seq, t.c.headers).order_by(t.c.seq).limit(n)).all()
         conn.execute(sa.delete(t).where(t.c.seq.in_([r[0] for r in rows])))
     return [orjson.loads(h)["NServiceBus.MessageId"] for _, h in rows]
+
+
+def promtool_path() -> str:
+    """Debian's promtool: a test that needs it fails in CI without it, and skips elsewhere saying what to install."""
+    import shutil
+
+    import pytest
+
+    from conftest import IN_CI
+
+    found = shutil.which("promtool")
+    if found is None:
+        message = "promtool is not installed (apt-get install prometheus, or run `bash .ci/run`)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return found

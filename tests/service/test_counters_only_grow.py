@@ -8,7 +8,6 @@ discard and a replay are fed to the shipped rule with `promtool test rules`."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -18,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import IN_CI
-from helpers import MAPPING, Bridge
+from helpers import MAPPING, Bridge, promtool_path
 
 from tests.service.test_metrics import _free_port, _scrape
 
@@ -89,12 +87,7 @@ def _alert_fires_once(*values: float) -> bool:
     """`promtool test rules`: the shipped QBridgeQuarantineGrowing over the counter's values as the
     live run served them (21 quarantined, then a discard, then a replay, 30 minutes apart): it
     fires for the 21, and neither the discard nor the replay fires it again."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        message = "promtool is not installed (apt-get install prometheus, or run `bash .ci/run`)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    promtool = promtool_path()
     series = "0x10 " + " ".join(f"{int(v)}x30" for v in values)
     labels = '{instance="q:1", exported_job="job1", queue="MQueue3", outcome="quarantined"}'
     test = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [{

@@ -8,7 +8,6 @@ and nothing but the page ever said so."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -21,8 +20,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from conftest import IN_CI
-from helpers import Bridge
+from helpers import Bridge, promtool_path
 from tests.service.test_metrics import _free_port, _scrape
 
 RULES = Path(__file__).parents[2] / "docs" / "prometheus" / "alerts.yml"
@@ -94,12 +92,7 @@ def test_a_job_stopped_on_a_missing_target_table_is_stopped_everywhere(make, cap
 def _rules_say(stopped: list[int], lock_held: list[int]) -> None:
     """`promtool test rules` over the values the run served, 30 minutes each: QBridgeJobStopped
     fires on the stopped job, QBridgeJobLockLost does not (its lock went with the stop)."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        message = "promtool is not installed (apt-get install prometheus, or run `bash .ci/run`)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    promtool = promtool_path()
     common = 'instance="q:1", exported_job="job1"'
     rule = next(r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"] if r["alert"] == "QBridgeJobStopped")
     test = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [{

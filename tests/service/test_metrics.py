@@ -153,18 +153,12 @@ def test_alert_rules_are_a_prometheus_rule_file_on_our_metrics() -> None:
 
 
 def test_promtool_accepts_the_alert_rules() -> None:
-    import shutil
     import subprocess
     from pathlib import Path
 
-    from conftest import IN_CI
+    from helpers import promtool_path
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        message = "promtool is not installed (apt-get install prometheus, or run `bash .ci/run`)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    promtool = promtool_path()
     rules = Path(__file__).parents[2] / "docs" / "prometheus" / "alerts.yml"
     done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr

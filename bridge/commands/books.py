@@ -118,11 +118,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     t = Table(title="qbridge status")
     for col in ("job", "mode", "state", "last run", "rows moved", "lag", "backlog", "quarantined"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for r in rows:
         lag = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}s"
         backlog = "?" if r["backlog"] is None else str(r["backlog"])
-        t.add_row(r["job"], r["mode"], state_of(r["steering"]), r["last_run"] or "never", str(r["rows_moved"]), lag, backlog,
+        t.add_row(r["job"], r["mode"], state_of(r), r["last_run"] or "never", str(r["rows_moved"]), lag, backlog,
                   str(r["quarantined"]))
     out.print(t)
     for r in rows:
@@ -136,7 +136,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.history:
             h = Table(title=f"job {r['job']}: steering history, newest first")
             for col in ("at (UTC)", "action", "by", "why", "detail"):
-                h.add_column(col)
+                h.add_column(col, overflow="fold")  # folded, never cut: a detail names message ids
             for a in r["steering_history"]:
                 h.add_row(a["at"], a["action"], a["actor"], a["why"] or "", a["detail"] or "")
             out.print(h)
@@ -153,13 +153,12 @@ def steering_history(runner, limit: int) -> list[dict]:
                  "detail": a["detail"]} for a in book.history(conn, runner.job.name, limit)]
 
 
-def state_of(steering: dict) -> str:
-    """One word or phrase for a job's steering state: running, paused, or held and why."""
-    if steering["paused"]:
-        return "paused"
-    if steering["held"]:
-        return f"held: {steering['held']}"
-    return "running"
+def state_of(job: dict) -> str:
+    """One word or phrase for a job's state (`status --json`'s): running, paused, or held, failing
+    or stopped and why."""
+    if job["state"] in ("held", "failing", "stopped"):
+        return f"{job['state']}: {job['state_reason']}"
+    return job["state"]
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:

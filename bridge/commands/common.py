@@ -10,8 +10,10 @@ from rich.console import Console
 from bridge.config import Config, load_config
 from bridge.pipeline.loop import JobRunner
 
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# No markup: what qbridge prints holds TOML section names and legacy values ("add one to [routes]"),
+# which Rich's markup would take for tags and drop, in a table cell as in a line.
+out = Console(width=None if sys.stdout.isatty() else 160, markup=False)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160, markup=False)
 
 
 def runners_of(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:

@@ -54,4 +54,9 @@ def discover_command(args: argparse.Namespace) -> int:
             raise UsageError("nothing to write a config for: discover found no queue")
         for path in write_starter(found, url, Path(args.write)):
             err.print(f"wrote {path}", markup=False, highlight=False)
+        zoned = sorted({q.system for q in found.queues if q.system != "openjms"})
+        if zoned:  # every local time would shift by the real offset, silently
+            err.print(f"qbridge: check timezone in the config: {' and '.join(zoned)} write local times, and the zone "
+                      "their servers run in cannot be read from the database; the config guesses \"UTC\"",
+                      markup=False, highlight=False)
     return 0 if found.queues else 1

@@ -38,11 +38,22 @@ HANDLERS: dict[str, str] = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's), as pip knows it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("qbridge")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed: pip install -e .)"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qbridge", description="Moves legacy queue messages into NServiceBus SQL-transport tables, exactly once.")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log lines on stderr (default WARNING; sync and run use INFO)")
     p.add_argument("--log-format", choices=["text", "json"], help="text (the default, for a terminal) or json: one JSON object "
                    "a line with time, level, logger, job, queue, trace and span ids, message (also QBRIDGE_LOG_FORMAT)")
+    p.add_argument("--version", action="version", version=f"qbridge {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def cmd(name: str, help_: str, config: bool = True, job: bool = True) -> argparse.ArgumentParser:

@@ -77,7 +77,8 @@ def quarantine_command(args: argparse.Namespace) -> int:
         with r.target_engine.connect() as conn:
             rows = r.state.quarantined(conn, r.job.name, args.ids, raw=args.action == "show", where=where or None)
         jobs.append({"job": r.job.name, "quarantined": rows})
-    missing = _not_in_quarantine(args.ids, {row["message_id"] for j in jobs for row in j["quarantined"]})
+    missing = _not_in_quarantine(args.ids, {v for j in jobs for row in j["quarantined"]
+                                            for v in (row["message_id"], row["source_key"])})
     if args.raw:
         raws = {row["message_id"]: row["raw"] for j in jobs for row in j["quarantined"]}
         shown = next(iter(raws.values())) if len(raws) == 1 else raws
@@ -95,6 +96,35 @@ def quarantine_command(args: argparse.Namespace) -> int:
     else:
         out.print_json(data={"jobs": jobs})
     return 1 if missing else 0
+
+
+def _said(where: QuarantineFilter) -> str:
+    """The filters as the command line gave them."""
+    parts = [f"--group {where.group}" if where.group else "", f"--queue {where.queue}" if where.queue else "",
+             f"--type {where.mentions}" if where.mentions else "", f"--since {where.since:%Y-%m-%d %H:%M:%S} UTC"
+             if where.since else ""]
+    return " ".join(p for p in parts if p)
+
+
+def _message_ids(ids: list[str], runners: list[Any]) -> list[str]:
+    """The message ids `ids` name: each a message id, or a source key as `list` shows it (the one
+    message in quarantine with that key; a key several queues share must be given as the id)."""
+    out: list[str] = []
+    for given in ids:
+        rows = []
+        for r in runners:
+            with r.target_engine.connect() as conn:
+                rows += [(r.job.name, row) for row in r.state.quarantined(conn, r.job.name, [given], raw=False)]
+        by_id = [row["message_id"] for _, row in rows if row["message_id"] == given]
+        if by_id or not rows:
+            out.append(given)  # a message id, or not in quarantine (said as such afterwards)
+        elif len(rows) == 1:
+            out.append(rows[0][1]["message_id"])
+        else:
+            raise UsageError(f"--id {given}: source key {given!r} names {len(rows)} quarantined messages ("
+                             + ", ".join(f"{job}/{row['queue']} {row['message_id']}" for job, row in rows)
+                             + "): give the message id")
+    return out
 
 
 def _not_in_quarantine(ids: list[str] | None, found: set[str]) -> list[str]:
@@ -121,6 +151,7 @@ def _replay_edited(args: argparse.Namespace) -> int:
     if not isinstance(edited, dict):
         raise UsageError(f"--with {path}: a JSON object of the row's columns is expected, not {type(edited).__name__}")
     _, runners = runners_of(args)
+    args.ids = _message_ids(args.ids, runners)
     actor = (args.by or "").strip() or operator()
     tally = _Tally(keep_all=True)
     for r in runners:
@@ -155,6 +186,17 @@ def _quarantine_settle(args: argparse.Namespace) -> int:
     _, runners = runners_of(args)
     actor = (args.by or "").strip() or operator()
     where = selection(args)
+    if args.ids:
+        args.ids = _message_ids(args.ids, runners)
+    elif where:
+        matched = 0
+        for r in runners:
+            with r.target_engine.connect() as conn:
+                matched += sum(g["count"] for g in r.state.failure_groups(conn, r.job.name, where))
+        if not matched:  # a misspelt group must not look like a replay that went well
+            err.print(f"qbridge: nothing in quarantine matches {_said(where)}; `qbridge quarantine groups` lists the "
+                      "groups, `qbridge quarantine list` the messages", markup=False, highlight=False)
+            return 1
     stop = threading.Event()
     tally = _Tally(keep_all=bool(args.json or args.ids))
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # the message in hand commits, then it stops

@@ -220,9 +220,13 @@ def run_demo(directory: str | None, console: Console) -> int:
         balanced = all(b.balanced for b in books)
         console.print(f"verify: {'balanced' if balanced else 'NOT balanced'}; quarantined rows keep their reason "
                       f"and raw content in qbridge_quarantine", markup=False)
-        console.print(f"next: qbridge preview -c {config_path} shows what a migration would do before it runs; "
-                      f"qbridge rollback -c {config_path} --job nginn-orders --dry-run what backing it out would withdraw",
-                      markup=False, highlight=False)
+        if directory:
+            console.print(f"next: qbridge preview -c {config_path} shows what a migration would do before it runs; "
+                          f"qbridge rollback -c {config_path} --job nginn-orders --dry-run what backing it out would "
+                          "withdraw", markup=False, highlight=False)
+        else:  # the temporary directory goes with the demo: a `next:` on it would name nothing
+            console.print("next: qbridge demo --dir DIR keeps the databases and config, to try qbridge preview, status, "
+                          "quarantine and rollback --dry-run on them", markup=False, highlight=False)
         dispose_all()
         return 0 if balanced else 1
 

@@ -43,13 +43,13 @@ class QuarantineFilter:
 def quarantined(q: sa.Table, conn: sa.Connection, job: str, ids: Sequence[str] | None = None, raw: bool = True,
                 newest: int | None = None, where: QuarantineFilter | None = None,
                 after: tuple[datetime, str, str] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-    """A job's quarantined rows (all, or these message ids, or those `where` picks), oldest
+    """A job's quarantined rows (all, or these message ids or source keys, or those `where` picks), oldest
     first, raw rows parsed; `raw=False` leaves the raw rows in the database, `newest=N` takes
     the N newest, newest first; `after` (at, queue, source key) and `limit` page through them."""
     order = (q.c.at, q.c.queue, q.c.source_key)  # a queue's rows of one batch in their order; unique in a job
     stmt = sa.select(*(c for c in q.c if raw or c.name != "raw")).where(q.c.job == job)
-    if ids is not None:
-        stmt = stmt.where(q.c.message_id.in_(list(ids)))
+    if ids is not None:  # a message id, or the source key `list` shows beside it (issue 46)
+        stmt = stmt.where(sa.or_(q.c.message_id.in_(list(ids)), q.c.source_key.in_(list(ids))))
     if where is not None:
         stmt = stmt.where(*where.clauses(q))
     if after is not None:  # keyset paging, spelled out (SQL Server has no row values)

@@ -29,13 +29,19 @@ def ledger_counts(b: Bridge) -> tuple[dict[str, int], dict[str, int]]:
 
 def totals(b: Bridge) -> tuple[dict[str, int], dict[str, int], int]:
     """(outcome -> n, skip rule -> n, rows in qbridge_totals) as status and verify read them."""
+    return _totals(b)[:3]
+
+
+def _totals(b: Bridge) -> tuple[dict[str, int], dict[str, int], int, dict[str, int]]:
+    """`totals`, and what left an outcome (released from quarantine, withdrawn by a rollback)."""
     runner = b.runner()
     with runner.target_engine.connect() as conn:
         counts = runner.state.counts(conn, "job1", runner.origins.values()).get("MQueue1", {})
         assert counts.pop("pruned", 0) == 0  # nothing is pruned here (tests/lifecycle/test_prune.py)
+        left = {k: counts.pop(k, 0) for k in ("released", "withdrawn")}
         rules = runner.state.skip_reasons(conn, "job1", runner.origins.values()).get("MQueue1", {})
         rows = conn.execute(sa.select(sa.func.count()).select_from(runner.state.totals.table)).scalar_one()
-    return counts, rules, rows
+    return counts, rules, rows, left
 
 
 def mixed(b: Bridge, n: int, start: int = 1) -> None:
@@ -129,6 +135,7 @@ def test_replay_and_discard_move_their_message_between_totals(make) -> None:
     counts, rules, _ = totals(b)
     assert counts == {"delivered": 1, "skipped": 1, "quarantined": 1}
     assert rules == {"discarded by ops: not ours": 1}
+    assert _totals(b)[3] == {"released": 1, "withdrawn": 0}  # what left quarantine, for the counters (issue 46)
     # The mapping learns to read the other one: a replay delivers it.
     with b.source.begin() as conn:
         t = b.tables["MQueue1"]
@@ -138,6 +145,7 @@ def test_replay_and_discard_move_their_message_between_totals(make) -> None:
         conn.execute(sa.update(q).where(q.c.message_id == ids[1]).values(raw=sa.func.replace(q.c.raw, "Filter=c=d", "Filter=c")))
     QuarantineDesk(b.runner(), "ops", None).replay(ids[1:])
     assert totals(b)[0] == ledger_counts(b)[0] == {"delivered": 2, "skipped": 1, "quarantined": 0}
+    assert _totals(b)[3] == {"released": 2, "withdrawn": 0}
 
 
 def _older_ledger(b: Bridge) -> None:
@@ -195,7 +203,8 @@ def test_totals_are_added_on_mariadb_where_reverse_jobs_keep_their_state(mariadb
     state.totals.table.drop(engine)
     assert add_totals(engine, None, "legacy") == 8
     with engine.connect() as conn:
-        assert state.counts(conn, "rev", [42]) == {"Sender": {"delivered": 5, "skipped": 2, "quarantined": 1, "pruned": 0}}
+        assert state.counts(conn, "rev", [42]) == {"Sender": {"delivered": 5, "skipped": 2, "quarantined": 1, "pruned": 0,
+                                                              "released": 0, "withdrawn": 0}}
         assert state.skip_reasons(conn, "rev", [42]) == {"Sender": {"rule a": 2}}
     assert add_totals(engine, None, "legacy") is None
 

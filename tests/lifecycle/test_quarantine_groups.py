@@ -91,9 +91,10 @@ def test_ten_thousand_in_two_groups_replayed_by_group_stopped_and_resumed(make) 
     assert len(ids) == 6000 and set(ids.values()) == {1}
     groups_after = json.loads(qb(b, "quarantine", "groups", "--json").stdout)["jobs"][0]["groups"]
     assert [(g["queue"], g["count"]) for g in groups_after] == [("MQueue1", 4000)]
-    # discard by queue and type: nothing matches the type, so nothing is discarded
+    # discard by queue and type: nothing matches the type, so nothing is discarded, and it says so (exit 1)
     r = qb(b, "quarantine", "discard", "--queue", "MQueue1", "--type", "NoSuchType", "--why", "x")
-    assert r.returncode == 0 and b.ledger()["quarantined"] == 4000
+    assert r.returncode == 1 and "nothing in quarantine matches --queue MQueue1 --type NoSuchType" in " ".join(r.stderr.split())
+    assert b.ledger()["quarantined"] == 4000
     assert b.cli("verify") == 0
     print(f"replayed a 6,000-row group in {took:.1f}s after the stop")
 

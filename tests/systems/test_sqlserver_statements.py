@@ -152,7 +152,7 @@ def test_reverse_job_init_sql_for_sql_server(tmp_path: Path) -> None:
     assert plans["nsb"].names == ["Billing", "Billing.Delayed", "SubscriptionRouting"]
     assert plans["legacy"].names == ["qbridge_ledger", "qbridge_checkpoint", "qbridge_quarantine", "qbridge_quarantine_audit",
                                      "qbridge_totals", "qbridge_ledger_ranges", "qbridge_givebacks", "qbridge_inflight", "qbridge_jobs",
-                                     "qbridge_steering", "qbridge_steering_audit", "Billing"]
+                                     "qbridge_steering", "qbridge_steering_audit", "qbridge_job_state", "Billing"]
     legacy = "\n".join(init.ddl(plans["legacy"]))
     assert "CREATE TABLE dbo.[Billing] (\n\tid BIGINT NOT NULL IDENTITY" in legacy
     assert "[RowVersion] BIGINT NOT NULL IDENTITY(1,1)" in "\n".join(init.ddl(plans["nsb"]))

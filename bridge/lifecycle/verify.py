@@ -180,7 +180,8 @@ def status(runner: JobRunner) -> dict[str, Any]:
     with runner.target_engine.connect() as tconn:
         checkpoints = runner.state.read_checkpoints(tconn, job)
         counts = runner.state.counts(tconn, job, runner.origins.values())
-        run = job_state.read(tconn, runner.state.job_state, [job])[job]
+        table = runner.state.job_state  # made by init, or by the first `run` on older books
+        run = job_state.read(tconn, table, [job])[job] if runner.kept(table, tconn) else job_state.RunState()
     queues: list[dict[str, Any]] = []
     backlog_error = None
     try:

@@ -218,7 +218,7 @@ class JobSetup:
 
     def givebacks_kept(self, conn: sa.Connection | None = None) -> bool:
         """Whether the target has qbridge_givebacks (made by `init` since issue 28): a ledger
-        without it has never had anything given back, and passes need not look (once a process)."""
+        without it has never had anything given back, and passes need not look (kept())."""
         return self.kept(self.state.givebacks, conn)
 
     def kept(self, table: sa.Table, conn: sa.Connection | None = None) -> bool:

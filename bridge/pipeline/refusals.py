@@ -13,6 +13,7 @@ rather than quarantine the whole queue."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from bridge.errors import BridgeError
 # What an encoder raises on a value it cannot take (orjson, a codec, struct, Arrow, a driver's
 # adaptation of a parameter). A BridgeError (a missing table) is the job's, not a row's.
 PYTHON_REFUSALS = (TypeError, ValueError, UnicodeError, OverflowError)
+_UNSTORABLE = re.compile("[\ud800-\udfff\x00]")  # what unstorable() names
 
 
 def refused(error: BaseException) -> bool:
@@ -83,12 +85,11 @@ def unstorable(value: Any, path: str = "") -> str | None:
     """Where in a row to write the first text no database stores as it is: a lone UTF-16
     surrogate (no UTF-8 or UTF-16 encoder takes it) or a NUL (PostgreSQL's text refuses it)."""
     if isinstance(value, str):
-        for at, ch in enumerate(value):
-            if "\ud800" <= ch <= "\udfff":
-                return f"{path or 'a value'} holds a lone UTF-16 surrogate (U+{ord(ch):04X} at character {at})"
-            if ch == "\x00":
-                return f"{path or 'a value'} holds a NUL character (at character {at})"
-        return None
+        if (m := _UNSTORABLE.search(value)) is None:
+            return None
+        ch = m.group()
+        what = "a NUL character (" if ch == "\x00" else f"a lone UTF-16 surrogate (U+{ord(ch):04X} "
+        return f"{path or 'a value'} holds {what}at character {m.start()})"
     if isinstance(value, dict):
         for k, v in value.items():
             found = unstorable(k, f"{path} name {writable(repr(k))}") or unstorable(v, f"{path}[{writable(repr(k))}]")

@@ -9,9 +9,9 @@ import sqlalchemy as sa
 
 from bridge.ledger import job_state
 from bridge.ledger.totals import LEFT, OUTCOMES
-from bridge.pipeline.inprocess import backlog_of
 from bridge.pipeline.loop import SCAN_CHUNK, JobRunner
 from bridge.pipeline.stats import key_chunks
+from bridge.pipeline.waiting import Waiting, waiting_in
 from bridge.timefmt import utcnow
 
 
@@ -186,9 +186,9 @@ def status(runner: JobRunner) -> dict[str, Any]:
     backlog_error = None
     try:
         with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
-            backlogs = {q: backlog_of(runner, tconn, sconn, s, checkpoints.get(q)) for q, s in runner.sources.items()}
+            waiting = {q: waiting_in(runner, tconn, sconn, s, checkpoints.get(q)) for q, s in runner.sources.items()}
     except sa.exc.SQLAlchemyError as e:
-        backlogs = {}
+        waiting = {}
         backlog_error = str(getattr(e, "orig", e)).splitlines()[0]
     now = utcnow()
     for queue in runner.sources:
@@ -202,8 +202,9 @@ def status(runner: JobRunner) -> dict[str, Any]:
             "quarantined": c.get("quarantined", 0),
             # What ever happened, which only grows (Prometheus's counters): now, plus what left since.
             "ever": {outcome: c.get(outcome, 0) + c.get(LEFT.get(outcome, ""), 0) for outcome in OUTCOMES},
-            "backlog": backlogs.get(queue),
-            "lag_seconds": (0.0 if backlogs.get(queue) == 0 else (cp.lag_seconds if cp else None)),
+            "backlog": waiting[queue].rows if queue in waiting else None,
+            # the age of the oldest message still waiting, however the job stands (paused, held, failing)
+            "lag_seconds": waiting.get(queue, Waiting(1, None)).lag_seconds(now),
             "open_gaps": len(cp.gaps) if cp else 0,
             "seconds_since_last_delivery": (now - cp.last_delivery_at).total_seconds() if cp and cp.last_delivery_at else None,
         })

@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import Any
 
-import sqlalchemy as sa
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner, PassStats, drain_progress
-from bridge.pipeline.stats import key_chunks
+from bridge.pipeline.waiting import backlog
 from bridge.retry import with_backoff
 
 log = logging.getLogger("qbridge.sync")
-
-
-def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:
-    """Rows of `source` still to move: after the checkpoint `cp`, or (scan) not in the ledger."""
-    if source.cursor == "queue":
-        return source.count_after(sconn, None)
-    if source.cursor == "scan":
-        return sum(len(keys) - len(runner.ledger_lookup(tconn, source, keys)) for keys in key_chunks(source.iter_keys(sconn)))
-    return source.count_after(sconn, cp.high if cp else None)
-
-
-def backlog(runner: JobRunner) -> dict[str, int]:
-    with runner.target_engine.connect() as tconn, runner.source_engine.connect() as sconn:
-        checkpoints = runner.state.read_checkpoints(tconn, runner.job.name)
-        return {q: backlog_of(runner, tconn, sconn, s, checkpoints.get(q)) for q, s in runner.sources.items()}
 
 
 def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5) -> list[PassStats]:

@@ -261,7 +261,7 @@ def _run_spark(config: Config, runners: list[JobRunner], console: Console, maste
 
 
 def _plan(runners: list[JobRunner], unit_rows: int | None, attempts: int, slots: int) -> tuple[list[QueuePlan], list[WorkUnit]]:
-    from bridge.pipeline.inprocess import backlog
+    from bridge.pipeline.waiting import backlog
 
     planning = time.monotonic()
     plans: list[QueuePlan] = []

@@ -52,7 +52,7 @@ class BridgeCollector(Collector):
         quarantined = GaugeMetricFamily("qbridge_quarantined_messages", "Messages in quarantine now (replay and "
                                         "discard take them out)", labels=["job", "queue"])
         backlog = GaugeMetricFamily("qbridge_backlog_messages", "Messages waiting in the source", labels=["job", "queue"])
-        lag = GaugeMetricFamily("qbridge_lag_seconds", "Age of the oldest message of the last batch (0 without backlog)",
+        lag = GaugeMetricFamily("qbridge_lag_seconds", "Age of the oldest message still waiting in the source (0 without backlog), paused or held alike",
                                 labels=["job", "queue"])
         gaps = GaugeMetricFamily("qbridge_open_gaps", "Id gaps still watched for late commits", labels=["job", "queue"])
         held = GaugeMetricFamily("qbridge_job_lock_held", "1 while this process holds the job's lock", labels=["job"])

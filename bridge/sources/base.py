@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar, NamedTuple
 
 import sqlalchemy as sa
@@ -194,6 +195,11 @@ class Source:
         """The raw row, as before move mode consumed it, of an owed row that is gone (quarantined)."""
         raise NotImplementedError
 
+    def oldest_after(self, conn: sa.Connection, after: int | None) -> datetime | None:
+        """When the oldest row beyond the checkpoint was sent (UTC), read cheaply (the lag's start):
+        the first row after it (cursor "id"), the queue's head (cursor "queue"); None if it cannot tell."""
+        return None
+
     def count_after(self, conn: sa.Connection, after: int | None) -> int:
         """How many rows lie beyond the checkpoint (the backlog)."""
         raise NotImplementedError
@@ -285,6 +291,11 @@ class ScanSource(Source):
         planning). Ledger keys sort as the keyset does, so chunks of them are looked up in the
         ledger's own order: at 2M handles, a walk in delivery order made every lookup a seek."""
         return self.iter_slice(conn, None, None)
+
+    def iter_sent(self, conn: sa.Connection) -> Iterator[tuple[Any, datetime | None]]:
+        """Every key in the keyset's order with when its message was sent (UTC; None where the
+        source cannot say): the walk that counts the backlog finds the lag's start with it."""
+        return ((key, None) for key in self.iter_keys(conn))
 
     def iter_aged(self, conn: sa.Connection) -> Iterator[tuple[Any, Any]]:
         """Every key with its age (what sorts it oldest first), in the keyset's order: a pass

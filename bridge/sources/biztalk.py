@@ -9,7 +9,8 @@ entries are new. Message data stays in Spool / MessageParts / Parts / Fragments.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any, ClassVar
 
 import orjson
@@ -111,6 +112,15 @@ class BizTalkSource(ScanSource):
                 stmt = stmt.where(sa.not_(tuple_after(cols, upto[1:], dialect)))
             out.append(stmt)
         return out
+
+    def iter_sent(self, conn: sa.Connection) -> Iterator[tuple[str, datetime | None]]:
+        """Each entry in the keyset's order, with its message's Spool.dtTimeStamp (local time)."""
+        s = self.t["Spool"]
+        for prefix, q in (("Q", self.work), ("S", self.suspended)):
+            stmt = (sa.select(sa.literal(prefix), q.c.uidMessageID, q.c.uidInstanceID, s.c.dtTimeStamp)
+                    .outerjoin(s, s.c.uidMessageID == q.c.uidMessageID).order_by(q.c.uidMessageID, q.c.uidInstanceID))
+            for *key, stamp in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
+                yield self.key_of_row(key), (None if stamp is None else local_to_utc(stamp, self.tz))
 
     @staticmethod
     def _split(key: str) -> tuple[str, uuid.UUID, uuid.UUID]:

@@ -7,6 +7,7 @@ Facts: reference/legacy-sources.md §1. The table is named like the queue (`sql:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -138,6 +139,12 @@ class NGinnSource(Source):
         if after is not None:
             stmt = stmt.where(self.table.c.id > after)
         return int(conn.execute(stmt).scalar_one())
+
+    def oldest_after(self, conn: sa.Connection, after: int | None) -> datetime | None:
+        t = self.table  # an index seek on the primary key; ids grow as NGinn inserts
+        stmt = sa.select(t.c.insert_time).order_by(t.c.id).limit(1).where(sa.true() if after is None else t.c.id > after)
+        first = conn.execute(stmt.with_hint(t, "WITH (READPAST)", "mssql")).scalar()
+        return None if first is None else self.clock.to_utc(first)
 
     def max_key(self, conn: sa.Connection) -> int | None:
         value = conn.execute(sa.select(sa.func.max(self.table.c.id))).scalar_one()

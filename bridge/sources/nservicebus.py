@@ -152,6 +152,16 @@ class NServiceBusSource(Source):
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:
         return []
 
+    def oldest_after(self, conn: sa.Connection, after: int | None) -> datetime | None:
+        """The queue's head (delayed messages are not late before they are due): its TimeSent."""
+        headers = self.transport.column(self.queue_table, "Headers")
+        stmt = sa.select(headers).order_by(self.seq).limit(1).with_hint(self.queue_table, "WITH (READPAST)", "mssql")
+        text = conn.execute(stmt).scalar()
+        try:
+            return from_wire(orjson.loads(text)["NServiceBus.TimeSent"]) if text is not None else None
+        except (ValueError, TypeError, KeyError):
+            return None  # no readable TimeSent: the lag cannot be told
+
     def count_after(self, conn: sa.Connection, after: int | None) -> int:
         return sum(int(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one())
                    for t in (self.queue_table, self.delayed_table))

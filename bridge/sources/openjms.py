@@ -153,6 +153,11 @@ class OpenJMSSource(ScanSource):
         for mid, cid, accepted, seq in conn.execute(stmt):
             yield self.key_of(mid, cid), (accepted if accepted is not None else -1, seq if seq is not None else -1)
 
+    def iter_sent(self, conn: sa.Connection) -> Iterator[tuple[str, datetime | None]]:
+        """acceptedTime is when the server accepted the message, in epoch milliseconds."""
+        for key, (accepted, _) in self.iter_aged(conn):
+            yield key, (datetime.fromtimestamp(accepted / 1000, UTC) if accepted > 0 else None)
+
     def key_of_row(self, row: Sequence[Any]) -> str:
         return self.key_of(row[1], row[0])
 

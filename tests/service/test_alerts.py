@@ -54,8 +54,9 @@ class Webhook:
         self._http = PostReceiver(take)
         self.url = self._http.url + "/"
 
-    def has(self, status: str, name: str) -> bool:
-        return (status, name) in self.seen
+    def has(self, status: str, name: str, since: int = 0) -> bool:
+        """Whether that notification came, after the first `since` ones."""
+        return (status, name) in self.seen[since:]
 
     def stop(self) -> None:
         self._http.stop()
@@ -110,9 +111,9 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
                                        f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
                                       stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w")))
 
-        def waits(status: str, name: str, timeout: float) -> None:
+        def waits(status: str, name: str, timeout: float, since: int = 0) -> None:
             try:
-                wait_for(f"{name}: {status}", lambda: hook.has(status, name), timeout=timeout, proc=run)
+                wait_for(f"{name}: {status}", lambda: hook.has(status, name, since), timeout=timeout, proc=run)
             except AssertionError as e:
                 logs = "\n".join(f"--- {n}\n" + (tmp_path / n).read_text()[-3000:] for n in ("prometheus.log", "alertmanager.log"))
                 raise AssertionError(f"{e}; notifications so far: {hook.seen}\n--- qbridge run\n{log}\n{logs}") from None
@@ -151,11 +152,16 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         resolves("QBridgeJobHeld")
         resolves("QBridgeLagHigh")
         resolves("QBridgeQuarantineGrowing")
-        # paused too long
+        # paused too long; and while it is paused, messages wait and the lag grows with their age
+        # (issue 46.3: the lag of the last batch froze), until the resumed job moves them
         assert b.cli("pause", "--job", "job1", "--why", "alert test") == 0
         fires("QBridgeJobPausedLong")
+        mark = len(hook.seen)
+        b.insert(b.ready(3, start=1500))
+        waits("firing", "QBridgeLagHigh", 60, since=mark)
         assert b.cli("resume", "--job", "job1") == 0
         resolves("QBridgeJobPausedLong")
+        waits("resolved", "QBridgeLagHigh", 60, since=mark)
         # no success: the legacy queue table is gone (every run fails and backs off), then back
         with b.source.begin() as conn:
             conn.execute(sa.text('alter table "MQueue1" rename to "MQueue1_away"'))
@@ -180,20 +186,35 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         reload()  # a stopped job takes the new config and runs again
         resolves("QBridgeJobStopped")
         assert not hook.has("firing", "QBridgeJobLockLost"), hook.seen
-        # a lock lost: the lock file removed by a cleaner, and another process takes the job
+        # a lock lost: the lock file removed by a cleaner, and another process takes the job. The first
+        # run learns of it only when a batch of its own meets the new epoch (the fence), so rows keep
+        # coming until it has; the taker is a second `qbridge run`, which keeps the job until it stops
+        # (a `sync --once` would let go when its rows ran out, and the race with the first run's ticks
+        # decided whether the alert could fire at all).
         with b.target.begin() as conn:
             conn.execute(sa.text('delete from "Orders"'))
         lock = next(p for p in tmp_path.glob("n.db.*.lock") if "job1" in p.name)
         lock.unlink()
-        b.insert(b.ready(16, start=2000))
-        # the same job without back-pressure, so that it holds the job for 8 s at 2/s, not until the queue is full
-        taker = tmp_path / "taker.toml"
-        taker.write_text(b.config.read_text().replace("max_target_depth = 8\n", ""))
-        sync = subprocess.Popen([sys.executable, "-m", "bridge", "sync", "--once", "--job", "job1", "-c", str(taker)], cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(sync)
-        fires("QBridgeJobLockLost")
-        assert sync.wait(120) == 0
+        taker_config = tmp_path / "taker.toml"
+        taker_config.write_text(b.config.read_text().replace("max_target_depth = 8\n", ""))
+        taker = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(taker_config)], cwd=tmp_path,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(taker)
+        feed = iter(range(2000, 2600))
+
+        def lost() -> bool:  # a message comes, and an endpoint takes what arrived (no back-pressure holds the first run)
+            b.insert(b.ready(1, start=next(feed)))
+            with b.target.begin() as conn:
+                conn.execute(sa.text('delete from "Orders"'))
+            return hook.has("firing", "QBridgeJobLockLost")
+
+        try:
+            wait_for("QBridgeJobLockLost: firing", lost, timeout=90, proc=run)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; notifications so far: {hook.seen}\n--- qbridge run\n{log}") from None
+        assert taker.poll() is None
+        taker.terminate()
+        assert taker.wait(60) == 0  # SIGTERM: the taker finishes its batch and lets go; the first run takes the job back
         resolves("QBridgeJobLockLost")
     finally:
         stop(run, log)

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from bridge.config import mask_url
-from bridge.errors import BridgeError, DriverMissing, RetryableError
+from bridge.errors import BridgeError, DriverMissing, RetryableError, SetupError
 
 # SQLSTATE classes/codes that mean "the same statement can succeed later".
 # 08 connection, 40 serialization/deadlock, 55P03 lock timeout, 57014 statement timeout, 57P0x
@@ -37,6 +37,18 @@ INSTALL = {
     "postgresql+psycopg": "psycopg with its binary build (pip install 'psycopg[binary]')",
 }
 # unixODBC's words for a driver that is configured but not installed (SQLSTATE 01000 / IM002).
+# What waiting cannot fix, although a driver raises most of it as the OperationalError of a
+# database that is down: a database, role, schema or table that does not exist, a login refused,
+# a privilege missing. SQLSTATE where the driver gives one (invalid authorization 28xxx, invalid
+# catalog 3D000, invalid schema 3F000, undefined table 42P01 / 42S02, insufficient privilege
+# 42501); psycopg gives none for a refused connection, and SQLite never does: their words then.
+_FATAL_SQLSTATES = ("28", "3D000", "3F000", "42P01", "42S02", "42501")
+_FATAL_MESSAGES = re.compile(
+    r'(database|role|relation|schema) "[^"]*" does not exist|password authentication failed|no pg_hba\.conf entry|'
+    r"permission denied|unknown database|access denied for user|login failed|no such table|no such column|"
+    r"unable to open database file",
+    re.IGNORECASE,
+)
 _DRIVER_NOT_FOUND = re.compile(r"can't open lib|data source name not found|driver.*not (found|installed)", re.IGNORECASE)
 
 
@@ -134,7 +146,7 @@ def is_retryable(error: BaseException) -> bool:
     """True for a database that is down or restarting, a deadlock, a lock or statement timeout."""
     if isinstance(error, RetryableError):
         return True
-    if driver_not_installed(error):  # waiting does not install a driver
+    if driver_not_installed(error) or waiting_cannot_fix(error):  # waiting does not install a driver either
         return False
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
         return True
@@ -146,6 +158,16 @@ def is_retryable(error: BaseException) -> bool:
             return True
         return bool(_RETRYABLE_MESSAGES.search(str(error.orig)))
     return isinstance(error, (ConnectionError, TimeoutError))
+
+
+def waiting_cannot_fix(error: BaseException) -> bool:
+    """A database error that stays until someone changes the database or the config (_FATAL_SQLSTATES)."""
+    if not isinstance(error, sa_exc.DBAPIError):
+        return False
+    state = sqlstate(error)
+    if state and state.startswith(_FATAL_SQLSTATES):
+        return True
+    return bool(_FATAL_MESSAGES.search(str(error.orig)))
 
 
 def sqlstate(error: sa_exc.DBAPIError) -> str | None:
@@ -200,6 +222,10 @@ def describe(error: BaseException, name: str, url: str) -> BridgeError:
     text = f"database {name!r} ({mask_url(url)}): {first}"
     if driver_not_installed(error):
         return DriverMissing(f"{text}; install {install_hint(url)}")
+    if waiting_cannot_fix(error):
+        fix = ("run `qbridge init`, which makes qbridge's tables" if re.search(r"\bqbridge_\w+", first)
+               else f"fix the database or the connection {name!r} in the config")
+        return SetupError(f"{text} ({fix}; waiting cannot fix this, so it is not retried)")
     return RetryableError(text) if is_retryable(error) else BridgeError(text)
 
 

@@ -33,11 +33,18 @@ class DriverMissing(BridgeError):
     exit_code = 2
 
 
-class SourceSchemaError(BridgeError):
+class SetupError(BridgeError):
+    """A database, login, schema or table the config names is not there or not allowed: waiting
+    cannot fix it, so it is not retried (exit 2, as a config error)."""
+
+    exit_code = 2
+
+
+class SourceSchemaError(SetupError):
     """The legacy database does not have the tables or columns this source reads."""
 
 
-class TargetSchemaError(BridgeError):
+class TargetSchemaError(SetupError):
     """The target database lacks a table qbridge writes to (run `qbridge init`)."""
 
 

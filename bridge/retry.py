@@ -25,18 +25,18 @@ def with_backoff(
     work: Callable[[], T],
     what: str,
     attempts: int = 5,
-    first_delay: float = 1.0,
     max_delay: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
     progress: Callable[[], int] | None = None,
 ) -> T:
-    """Runs `work`; a retryable failure is logged in one line and retried with doubling delays.
-    `progress`, when given, counts what `work` has committed so far (a drain's passes): the
-    attempts are then per batch, waiting BLIP first and doubling from `first_delay` after that,
-    and a failure after progress starts them afresh, so a long drain over a flaky link slows
-    down only by the blips it meets, while a database that stays down still runs them out."""
+    """Runs `work`; a retryable failure is logged in one line and retried, waiting BLIP (a cut
+    connection comes back at once), then 1, 2, 4, 8 s ... (a database restarting); an error
+    waiting cannot fix (bridge.db.is_retryable) is raised at once. `progress`, when given, counts
+    what `work` has committed so far (a drain's passes): the attempts are then per batch, and a
+    failure after progress starts them afresh, so a long drain over a flaky link slows down only
+    by the blips it meets, while a database that stays down still runs them out."""
     def fresh() -> tuple[int, float]:
-        return 1, (BLIP if progress else first_delay)
+        return 1, BLIP
 
     attempt, delay = fresh()
     while True:
@@ -53,7 +53,7 @@ def with_backoff(
             log.warning("%s failed (%s); attempt %d of %d, retrying in %.1fs",
                         what, reason[0] if reason else type(e).__name__, attempt, attempts, delay)
             sleep(delay)
-            delay = first_delay if delay < first_delay else min(delay * 2, max_delay)
+            delay = 1.0 if delay < 1.0 else min(delay * 2, max_delay)
             attempt += 1
         finally:
             RETRIES.reset(token)

@@ -168,9 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"qbridge: {_label(e)}: {e}", markup=False, highlight=False)
         return e.exit_code
     except sa_exc.SQLAlchemyError as e:
+        from bridge.db import waiting_cannot_fix
+
         first = str(getattr(e, "orig", None) or e).strip().splitlines()
         err.print(f"qbridge: database error: {first[0] if first else type(e).__name__}", markup=False, highlight=False)
-        return 1
+        return 2 if waiting_cannot_fix(e) else 1
     except KeyboardInterrupt:
         err.print("qbridge: interrupted")
         return 130
@@ -181,11 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _label(e: BridgeError) -> str:
-    from bridge.errors import ConfigError, DriverMissing
+    from bridge.errors import ConfigError, DriverMissing, UsageError
 
     if isinstance(e, DriverMissing):
         return "missing driver"
-    return "config error" if isinstance(e, ConfigError) or e.exit_code == 2 else "error"
+    return "config error" if isinstance(e, (ConfigError, UsageError)) else "error"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -223,6 +223,7 @@ def status(runner: JobRunner) -> dict[str, Any]:
         "quarantined": sum(q["quarantined"] for q in queues),
         "source_error": backlog_error,
         "steering": steering,
+        "max_rate": runner.configured.max_rate,  # as the config gives it ("50/s"); None: no limit
         # running | paused | held | failing | stopped, and why (bridge.ledger.job_state)
         "state": state,
         "state_reason": why,

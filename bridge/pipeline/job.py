@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from bridge import tracing
-from bridge.config import Config, JobConfig
+from bridge.config import Config, JobConfig, mask_url
 from bridge.db import describe, engine_for
-from bridge.errors import RetryableError, TargetSchemaError
+from bridge.errors import RetryableError, SourceSchemaError, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.ledger import giveback
 from bridge.ledger.fence import Fence
@@ -192,6 +192,8 @@ class JobSetup:
                     source.check_schema(conn)
         except sa_exc.SQLAlchemyError as e:
             raise describe(e, job.source.connection, self.source_url) from None
+        except SourceSchemaError as e:  # named by its connection, as every database error is
+            raise SourceSchemaError(f"database {job.source.connection!r} ({mask_url(self.source_url)}): {e}") from None
         try:
             for queue in self.sources:
                 self._prepare(queue)

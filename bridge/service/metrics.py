@@ -64,6 +64,10 @@ class BridgeCollector(Collector):
                                     "max_target_depth)", labels=["job"])
         held_seconds = CounterMetricFamily("qbridge_job_held_seconds", "Seconds the job was held by back-pressure, in all",
                                            labels=["job"])
+        rate = GaugeMetricFamily("qbridge_job_max_rate", "The job's max_rate in messages a second (no sample: no limit)",
+                                 labels=["job"])
+        throttled = CounterMetricFamily("qbridge_job_throttled_seconds", "Seconds the job's batches waited for its max_rate, in all",
+                                        labels=["job"])
         states = GaugeMetricFamily("qbridge_job_state", "1 for the job's state now: running, paused, held, failing "
                                    "(retrying after errors) or stopped (on an error, until fixed)", labels=["job", "state"])
         for w in self.workers:
@@ -94,11 +98,16 @@ class BridgeCollector(Collector):
                 holding.add_metric([job], 1.0 if steering["held"] else 0.0)
                 since = w.runner.pressure.held_for()  # the hold under way, which the books count once it ends
                 held_seconds.add_metric([job], steering["held_seconds"] + since)
+            limit = w.runner.configured.rate_per_second
+            if limit:
+                rate.add_metric([job], limit)
+            throttled.add_metric([job], w.runner.pace.waited)
             if w.last_success is not None:
                 success.add_metric([job], w.last_success)
             for reason, n in sorted(w.retries.items()):
                 retries.add_metric([job, reason], n)
-        yield from (messages, quarantined, states, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds)
+        yield from (messages, quarantined, states, backlog, lag, gaps, held, success, retries, paused, holding, held_seconds,
+                    rate, throttled)
 
 
 def state_of(w: WorkerView, books: dict[str, Any]) -> tuple[str, str | None]:
@@ -189,6 +198,7 @@ class MetricsServer:
             if method == "POST" and path.startswith("/actions/"):
                 status_line, text = self.actions.handle(environ)
                 if status_line.startswith("303"):
+                    cache.forget()  # the page it is sent to shows what the action did
                     said = urlencode({"said": text})
                     where = f"/{token_query}&{said}" if token_query else f"/?{said}"
                     start_response(status_line, [("Location", where), ("Content-Type", "text/plain; charset=utf-8")])

@@ -26,12 +26,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from bridge import tracing
 from bridge.config import JobConfig
-from bridge.db import is_retryable
-from bridge.errors import BridgeError
+from bridge.db import is_retryable, waiting_cannot_fix
+from bridge.errors import BridgeError, SetupError
 from bridge.ledger import job_state
 from bridge.ledger.joblock import IDENTITY, JobLock, LockLost
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner
+from bridge.service.reload_diff import changes
 from bridge.timefmt import parse_duration
 
 log = logging.getLogger("qbridge.run")
@@ -114,7 +115,7 @@ class JobWorker:
         new.on_batch = old.on_batch
         if new.pace.rate == old.pace.rate:
             new.pace.next_at = old.pace.next_at  # the rate holds across a reload
-        new.fence = old.fence
+        new.fence, new.pace.waited = old.fence, old.pace.waited  # the seconds throttled in all only grow
         self.runner = new
         self.checked = False  # its tables and mapping are checked again
         self.stopped_reason = None  # a job stopped on a bad mapping runs again once it is fixed
@@ -221,6 +222,8 @@ class JobWorker:
             raise LockLost(self.name)
 
     def _failed(self, e: Exception) -> None:
+        if not isinstance(e, BridgeError) and waiting_cannot_fix(e):  # a table gone, a login refused: stop, say why
+            e = SetupError(str(getattr(e, "orig", None) or e).strip())
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()
         reason_line = reason[0] if reason else type(e).__name__
         self.last_error = reason_line if isinstance(e, BridgeError) or is_retryable(e) else f"{type(e).__name__}: {reason_line}"
@@ -319,8 +322,10 @@ class Scheduler:
                 return False
             built[w.name] = new
         for w in self.workers:
+            latest = w.latest()
+            changed = changes(latest.configured, built[w.name].configured, latest.mapping, built[w.name].mapping)
             # Against the newest config, which may still wait to be taken (two reloads before a batch).
-            if built[w.name].job.schedule != w.latest().job.schedule:
+            if built[w.name].job.schedule != latest.job.schedule:
                 self.scheduler.reschedule_job(w.name, trigger=trigger_for(built[w.name].job))
                 log.info("job=%s rescheduled (%s)", w.name, _describe(built[w.name].job))
                 w.allowance = readiness_allowance(built[w.name].job)
@@ -329,7 +334,8 @@ class Scheduler:
                 w._take(built[w.name])
             else:
                 w.offer(built[w.name])
-            log.info("job=%s config reloaded: applies from its next batch", w.name)
+            log.info("job=%s config reloaded: %s", w.name,
+                     f"{'; '.join(changed)} (applies from its next batch)" if changed else "nothing changed")
         return True
 
 
@@ -345,7 +351,8 @@ def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title
     """Blocks until SIGTERM or SIGINT; 0 after a clean stop, 1 if every job stopped on an error.
     `listen` (HOST:PORT) serves Prometheus metrics on /metrics and the status page on / meanwhile.
     SIGHUP re-reads `config_path` (Scheduler.reload)."""
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # qbridge logs its own line per batch
+    # qbridge logs each batch and catches its ticks' errors; a tick still draining when the next is due is no news
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     scheduler = Scheduler(runners)
     beat = [time.monotonic()]  # the main loop's last turn, for /healthz
 

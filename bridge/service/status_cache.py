@@ -28,6 +28,14 @@ class StatusCache:
         self._books: dict[str, tuple[float, dict[str, Any]]] = {}  # when it expires, the books
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._generation = 0  # forget() raises it: books begun before are not kept
+
+    def forget(self) -> None:
+        """After an operator's action (a pause on the page): the next reader computes the books
+        afresh, so the page it is sent to shows the state the action produced, not one 5 s old."""
+        with self._guard:
+            self._generation += 1
+            self._books.clear()
 
     def get(self, name: str, runner: Any) -> dict[str, Any]:
         """The job's books, at most `fresh` seconds old unless a newer computation is under way.
@@ -44,10 +52,11 @@ class StatusCache:
             again = self._books.get(name)
             if again is not None and again is not have and self.clock() < again[0]:
                 return again[1]  # computed while this caller waited for the lock
-            started = self.clock()
+            started, generation = self.clock(), self._generation
             books = self.compute(runner)
             done = self.clock()
-            self._books[name] = (done + max(self.fresh, 4 * (done - started)), books)
+            if generation == self._generation:  # else an action came meanwhile: these books may predate it
+                self._books[name] = (done + max(self.fresh, 4 * (done - started)), books)
             return books
         finally:
             lock.release()

@@ -29,6 +29,12 @@ from bridge.timefmt import UTC
 
 HOUR = 60  # minutes of history kept
 REFRESH_SECONDS = 10
+# The page reloads itself, but never under an operator's hands: not while a form's field has the
+# focus or holds what someone typed (a reload wiped a half-typed "why"); it tries again 10 s on.
+# What an action said is shown once: the reload drops it from the address.
+RELOAD = ("setInterval(function(){var a=document.activeElement;if(a&&/^(INPUT|TEXTAREA|SELECT)$/.test(a.tagName))return;"
+          "var f=document.querySelectorAll('form input:not([type=hidden])');for(var i=0;i<f.length;i++)if(f[i].value)return;"
+          "var u=new URL(location.href);u.searchParams.delete('said');location.replace(u.toString());},SECONDS);")
 QUARANTINE_SHOWN = 200  # newest first; the rest are counted and left to `qbridge quarantine list`
 
 
@@ -133,7 +139,7 @@ h1{font-size:1.3em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.6em 0 .4em}
 .meta{color:#5a6472;margin-bottom:1em}
 table{border-collapse:collapse;margin:.4em 0} th,td{border:1px solid #d5dae1;padding:.3em .6em;text-align:left}
 th{background:#f1f4f8} td.n{text-align:right;font-variant-numeric:tabular-nums}
-.bad{color:#b3261e;font-weight:600} .ok{color:#1e7a3c}
+.bad{color:#b3261e;font-weight:600} .ok{color:#1e7a3c} .warn{color:#a15c00;font-weight:600}
 svg.chart{background:#fbfcfd;border:1px solid #d5dae1;margin:.4em 0}
 rect.frame{fill:none;stroke:#d5dae1} rect.throughput{fill:#7aa7e0}
 polyline.lag{fill:none;stroke:#c2410c;stroke-width:2} circle.lag{fill:#c2410c}
@@ -175,9 +181,11 @@ def render(title: str, workers: Sequence[WorkerView], history: History, books_of
             state = f"held: {steering['held']}{since}; {steering['held_seconds']:,.0f} s held before this hold"
         else:
             state = "running"
+        if books and books.get("max_rate"):
+            state += f" · max_rate {books['max_rate']}"  # throttled: the rate it is held to
         overview.append(_overview_row(w, direction, state, books, steering, actions, query))
         parts.append(f'<h2 id="job-{_e(job)}">{_e(job)} <small>({_e(direction)}, {_e(w.runner.job.mode)})</small></h2>')
-        parts.append(f'<div class="meta">state: <span class="{"bad" if w.stopped_reason or w.failures else "ok"}">'
+        parts.append(f'<div class="meta">state: <span class="{tone(w, steering)}">'
                      f'<span class="state" data-job="{_e(job)}">{_e(state)}</span></span> · lock held by: <span class="lock" data-job="{_e(job)}">{_e(w.lock.holder())}</span>'
                      + (f' · last success {_e(_when(w.last_success))}' if w.last_success else "") + "</div>")
         if error:
@@ -213,7 +221,8 @@ def render(title: str, workers: Sequence[WorkerView], history: History, books_of
                  + (f'<p class="said">{_e(said)}</p>' if said else ""))
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
     return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><noscript><meta http-equiv="refresh" '
+        f'content="{REFRESH_SECONDS}"></noscript><script>{RELOAD.replace("SECONDS", str(REFRESH_SECONDS * 1000))}</script>'
         f"<title>qbridge · {_e(title)}</title><style>{STYLE}</style></head><body>"
         f"<h1>qbridge · {_e(title)}</h1>"
         f'<div class="meta">as of <span id="generated">{now}</span> UTC · refreshes every {REFRESH_SECONDS} s · '
@@ -246,6 +255,14 @@ def _form(actions: PageActions, query: str, what: str, fields: dict[str, str], i
 _BY = '<input name="by" placeholder="your name" size="10" required>'
 
 
+def tone(w: WorkerView, steering: dict | None) -> str:
+    """The colour of a state: red when it stopped or fails, amber while paused or held (nothing
+    moves, on purpose or by back-pressure), green only while it runs."""
+    if w.stopped_reason or w.failures:
+        return "bad"
+    return "warn" if steering and (steering["paused"] or steering["held"]) else "ok"
+
+
 def _overview_row(w: WorkerView, direction: str, state: str, books: dict[str, Any] | None, steering: dict | None,
                   actions: PageActions | None, query: str) -> str:
     def n(key: str) -> str:
@@ -260,9 +277,8 @@ def _overview_row(w: WorkerView, direction: str, state: str, books: dict[str, An
             act = _form(actions, query, "pause", {"job": w.name},
                         _BY + '<input name="why" placeholder="why" size="18" required>', "pause")
         act = f"<td>{act}</td>"
-    bad = w.stopped_reason or w.failures or (steering and (steering["paused"] or steering["held"]))
     return (f'<tr data-job="{_e(w.name)}"><td><a href="#job-{_e(w.name)}">{_e(w.name)}</a></td><td>{_e(direction)}</td>'
-            f'<td class="{"bad" if bad else "ok"}" data-field="state">{_e(state)}</td><td class="n">{n("backlog")}</td>'
+            f'<td class="{tone(w, steering)}" data-field="state">{_e(state)}</td><td class="n">{n("backlog")}</td>'
             f'<td class="n">{n("lag_seconds")}</td><td class="n">{n("rows_moved")}</td><td class="n">{n("quarantined")}</td>'
             f"{act}</tr>")
 

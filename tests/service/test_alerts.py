@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 import urllib.parse
@@ -162,12 +163,15 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         assert b.cli("resume", "--job", "job1") == 0
         resolves("QBridgeJobPausedLong")
         waits("resolved", "QBridgeLagHigh", 60, since=mark)
-        # no success: the legacy queue table is gone (every run fails and backs off), then back
-        with b.source.begin() as conn:
-            conn.execute(sa.text('alter table "MQueue1" rename to "MQueue1_away"'))
-        fires("QBridgeNoSuccess")
-        with b.source.begin() as conn:
-            conn.execute(sa.text('alter table "MQueue1_away" rename to "MQueue1"'))
+        # no success: another process holds the legacy database locked (every run waits, fails and
+        # backs off: a database that does not answer), then lets go. (A table gone is not retried:
+        # the job stops, below.)
+        locker = sqlite3.connect(tmp_path / "l.db", isolation_level=None)
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            fires("QBridgeNoSuccess")
+        finally:
+            locker.close()  # the lock goes with the connection
         resolves("QBridgeNoSuccess", timeout=120)  # the back-off doubles: 1, 2, 4, 8 s ...
         # stopped: an error waiting cannot fix, which a reload's check of the job finds (the legacy
         # table gone): QBridgeJobStopped fires, and QBridgeJobLockLost does not (the stop released the lock)
@@ -197,12 +201,14 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         lock.unlink()
         taker_config = tmp_path / "taker.toml"
         taker_config.write_text(b.config.read_text().replace("max_target_depth = 8\n", ""))
+        taker_log = tmp_path / "taker.log"
         taker = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(taker_config)], cwd=tmp_path,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 stdout=subprocess.DEVNULL, stderr=taker_log.open("w"))
         procs.append(taker)
         feed = iter(range(2000, 2600))
 
         def lost() -> bool:  # a message comes, and an endpoint takes what arrived (no back-pressure holds the first run)
+            assert taker.poll() is None, f"the taker exited ({taker.returncode}):\n{taker_log.read_text()[-3000:]}"
             b.insert(b.ready(1, start=next(feed)))
             with b.target.begin() as conn:
                 conn.execute(sa.text('delete from "Orders"'))
@@ -211,7 +217,8 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         try:
             wait_for("QBridgeJobLockLost: firing", lost, timeout=90, proc=run)
         except AssertionError as e:
-            raise AssertionError(f"{e}; notifications so far: {hook.seen}\n--- qbridge run\n{log}") from None
+            raise AssertionError(f"{e}; notifications so far: {hook.seen}\n--- the taker\n{taker_log.read_text()[-3000:]}"
+                                 f"\n--- qbridge run\n{log}") from None
         assert taker.poll() is None
         taker.terminate()
         assert taker.wait(60) == 0  # SIGTERM: the taker finishes its batch and lets go; the first run takes the job back

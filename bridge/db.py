@@ -223,8 +223,12 @@ def describe(error: BaseException, name: str, url: str) -> BridgeError:
     if driver_not_installed(error):
         return DriverMissing(f"{text}; install {install_hint(url)}")
     if waiting_cannot_fix(error):
-        fix = ("run `qbridge init`, which makes qbridge's tables" if re.search(r"\bqbridge_\w+", first)
-               else f"fix the database or the connection {name!r} in the config")
+        if re.search(r"\bqbridge_\w+", first) and re.search(r"no such table|does not exist|doesn't exist", first, re.IGNORECASE):
+            fix = "run `qbridge init`, which makes qbridge's tables"
+        elif re.search(r"permission denied|access denied|privilege", first, re.IGNORECASE):
+            fix = f"grant the login of connection {name!r} what it lacks (docs/security.md lists the rights each command needs)"
+        else:
+            fix = f"fix the database or the connection {name!r} in the config"
         return SetupError(f"{text} ({fix}; waiting cannot fix this, so it is not retried)")
     return RetryableError(text) if is_retryable(error) else BridgeError(text)
 

@@ -7,6 +7,7 @@ import argparse
 import os
 import signal
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
@@ -68,10 +69,31 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     master = args.master
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         master = "local[*]"
-    with holding(args, runners):
-        out.print(summary_table(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows,
-                                          attempts=args.retries)))
+    before = _outcomes(runners)
+    try:
+        with holding(args, runners):
+            out.print(summary_table(run_spark(config, runners, console=err, master=master, unit_rows=args.unit_rows,
+                                              attempts=args.retries)))
+    except KeyboardInterrupt:  # the Spark job is cancelled and its tasks stopped (bridge.pipeline.spark_progress)
+        moved = _outcomes(runners) - before
+        said = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(moved.items())) or "nothing"
+        err.print(f"qbridge: migrate interrupted: {said} before the stop, each with its ledger entry. Nothing is lost or "
+                  "doubled: `qbridge migrate` again goes on from there (`qbridge status` and `verify` say where the "
+                  "queues stand)", markup=False, highlight=False)
+        return 130
     return 0
+
+
+def _outcomes(runners: list[JobRunner]) -> Counter[str]:
+    """Messages of these jobs delivered, skipped and quarantined so far, from the ledger's totals."""
+    from bridge.ledger.totals import OUTCOMES
+
+    seen: Counter[str] = Counter()
+    for r in runners:
+        with r.target_engine.connect() as conn:
+            for counts in r.state.counts(conn, r.job.name, r.origins.values()).values():
+                seen.update({o: counts.get(o, 0) for o in OUTCOMES})
+    return seen
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     rb.add_argument("--dry-run", action="store_true", help="say what would be withdrawn and what cannot be, change nothing")
     rb.add_argument("--print-sql", action="store_true", help="print the statements a batch runs, for a DBA, and do nothing")
     rb.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    rb.add_argument("--yes", "-y", action="store_true", help="withdraw without asking (without a terminal, rollback "
+                    "refuses unless given this)")
     rb.add_argument("--lock-wait", type=float, default=0.0, metavar="SECONDS", help="how long to wait for the job's lock (default 0: refuse at once, naming the holder)")
     rb.add_argument("--retries", type=int, default=5, help=argparse.SUPPRESS)
     i = cmd("init", "create the target queue, delayed, subscription, error and state tables that are missing")

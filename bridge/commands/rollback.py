@@ -7,13 +7,20 @@ import sys
 
 import orjson
 import sqlalchemy as sa
+from rich.prompt import Confirm
 from rich.table import Table
 
-from bridge.commands.common import out, runners_of
+from bridge.commands.common import err, out, runners_of
 from bridge.commands.jobs import holding
 from bridge.db import read_only_engine
-from bridge.errors import UsageError
+from bridge.errors import BridgeError, UsageError
 from bridge.lifecycle.rollback import Withdrawal, check, rollback, row_key
+from bridge.pipeline.loop import JobRunner
+from bridge.pipeline.progress_shown import Shown
+
+
+class Declined(BridgeError):
+    """The operator answered no."""
 
 
 def rollback_command(args: argparse.Namespace) -> int:
@@ -34,13 +41,29 @@ def rollback_command(args: argparse.Namespace) -> int:
         finally:
             runner.target_engine.dispose()
     else:
-        with holding(args, [runner]):
-            results = rollback(runner, args.queue, dry_run=False, config=config)
+        if not args.yes:
+            _confirm(runner, args.queue)
+        with holding(args, [runner]), Shown(err, "withdrawn") as shown:
+            results = rollback(runner, args.queue, dry_run=False, config=config, progress=shown.update)
     if args.json:
         sys.stdout.write(orjson.dumps({"dry_run": args.dry_run, "queues": [w.as_dict() for w in results]}).decode() + "\n")
         return 0
     _print(results, args.dry_run)
     return 0
+
+
+def _confirm(runner: JobRunner, queue: str | None) -> None:
+    """A rollback takes messages back off the NServiceBus queues: asked first on a terminal;
+    without one (a script, a pipeline), refused unless `--yes` says so."""
+    queues = ", ".join([queue] if queue else list(runner.sources))
+    what = (f"job {runner.job.name!r} ({queues}): withdraw from the NServiceBus queues every message it delivered that no "
+            "endpoint has taken yet; a later sync or migrate delivers them again"
+            + (", and the legacy rows move mode consumed are given back" if runner.job.mode == "move" else ""))
+    if not sys.stdin.isatty():
+        raise UsageError(f"rollback of {what}. Say --yes to go on without a terminal to ask on "
+                         "(`--dry-run` first says what it would withdraw); nothing done")
+    if not Confirm.ask(f"{what}. Go on?", console=err, default=False):
+        raise Declined("nothing done")
 
 
 def _print(results: list[Withdrawal], dry_run: bool) -> None:

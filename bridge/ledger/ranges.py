@@ -156,11 +156,11 @@ class Ranges:
                          [{"o_": origin, "b_": block, **{o: _bytes(b) for o, b in zip(OUTCOMES, bits)}, "at": now}
                           for block, bits in blocks])
 
-    def stream(self, conn: sa.Connection, origin: int) -> Iterator[tuple[int, str]]:
-        """(key, outcome) of every key with a bit, ascending; read a page of blocks at a time,
-        each page a query of its own, so the caller may use `conn` between pages."""
+    def stream(self, conn: sa.Connection, origin: int, beyond: int | None = None) -> Iterator[tuple[int, str]]:
+        """(key, outcome) of every key with a bit (above `beyond`, if given), ascending; read a page
+        of blocks at a time, each page a query of its own, so the caller may use `conn` between pages."""
         t = self.table
-        after = None
+        after = None if beyond is None else ((beyond + 1) >> SHIFT) - 1  # the blocks from beyond's next key on
         while True:
             stmt = sa.select(t.c.block, *(t.c[o] for o in OUTCOMES)).where(t.c.origin == origin)
             if after is not None:
@@ -169,8 +169,9 @@ class Ranges:
             for block, *raw in page:
                 bits = [_int(b) for b in raw]
                 for key in keys_of(block, _any(bits)):
-                    bit = 1 << (key & MASK)
-                    yield key, next(o for o, b in zip(OUTCOMES, bits) if b & bit)
+                    if beyond is None or key > beyond:
+                        bit = 1 << (key & MASK)
+                        yield key, next(o for o, b in zip(OUTCOMES, bits) if b & bit)
             if len(page) < CHUNK:
                 return
             after = page[-1][0]

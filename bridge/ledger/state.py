@@ -368,15 +368,15 @@ class State:
             stmt = stmt.order_by(sa.cast(l.c.source_key, sa.BigInteger))
         yield from conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000))
 
-    def recorded_keys(self, conn: sa.Connection, job: str, origin: int) -> Iterator[tuple[int, str]]:
-        """(key, outcome) of a ranged queue, ascending, each key once: its range bits (which any
-        job reading the queue set), streamed, merged with the job's per-message entries, an
-        entry's word first (a replay or discard changed it)."""
+    def recorded_keys(self, conn: sa.Connection, job: str, origin: int, beyond: int | None = None) -> Iterator[tuple[int, str]]:
+        """(key, outcome) of a ranged queue (its keys above `beyond`, if given), ascending, each key
+        once: its range bits (which any job reading the queue set), streamed, merged with the job's
+        per-message entries, an entry's word first (a replay or discard changed it)."""
         # Fetched whole before the range pages are read: a ranged queue's entries are only its
         # quarantined messages (and what replay or discard made of them), and one result at a
         # time is all SQL Server serves on a connection without MARS.
-        entries = sorted((int(k), 0, o) for k, o in self.ledger_keys(conn, job, origin))
-        bits = ((k, 1, o) for k, o in self.ranges.stream(conn, origin))
+        entries = sorted((int(k), 0, o) for k, o in self.ledger_keys(conn, job, origin) if beyond is None or int(k) > beyond)
+        bits = ((k, 1, o) for k, o in self.ranges.stream(conn, origin, beyond))
         last = None
         for key, _, outcome in heapq.merge(entries, bits):
             if key != last:

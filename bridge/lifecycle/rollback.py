@@ -25,6 +25,7 @@ re-inserted, with a mark in the legacy database (bridge.ledger.giveback_marks).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,17 +91,19 @@ def check(runner: JobRunner) -> None:
 
 
 def rollback(runner: JobRunner, queue: str | None = None, dry_run: bool = False,
-             config: Config | None = None) -> list[Withdrawal]:
+             config: Config | None = None, progress: Callable[[str, int, int], None] = lambda q, done, of: None) -> list[Withdrawal]:
     """`config`: the config the job comes from, whose other jobs' queues are told apart by their
     source identity (without it, any other job with a checkpoint of a same-named NGinn queue in
-    this ledger refuses the rollback). Traced as `qbridge.rollback`."""
+    this ledger refuses the rollback). `progress(queue, rows done, rows found)` after each batch.
+    Traced as `qbridge.rollback`."""
     with tracing.span("qbridge.rollback", job=runner.job.name, queue=queue, dry_run=dry_run) as s:
-        done = _rollback(runner, queue, dry_run, config)
+        done = _rollback(runner, queue, dry_run, config, progress)
         s.set_attribute("qbridge.queues", len(done))
         return done
 
 
-def _rollback(runner: JobRunner, queue: str | None, dry_run: bool, config: Config | None) -> list[Withdrawal]:
+def _rollback(runner: JobRunner, queue: str | None, dry_run: bool, config: Config | None,
+              progress: Callable[[str, int, int], None]) -> list[Withdrawal]:
     check(runner)
     runner.check_ledger()
     if queue is not None and queue not in runner.sources:
@@ -149,6 +152,7 @@ def _rollback(runner: JobRunner, queue: str | None, dry_run: bool, config: Confi
         reader = read_only_engine(runner.source_url)  # read under the checkpoint lock: no SQLite write lock
         try:
             for start in range(0, len(rows), BATCH):
+                progress(name, start, len(rows))
                 if dry_run:
                     with runner.target_engine.connect() as tconn:
                         batch = _redeliverable(runner, reader, name, rows[start:start + BATCH], w, tconn)
@@ -159,6 +163,7 @@ def _rollback(runner: JobRunner, queue: str | None, dry_run: bool, config: Confi
                 _withdraw(runner, reader, name, rows[start:start + BATCH], w)
                 if move:
                     _count_given(w, giveback.finish(runner, name))
+            progress(name, len(rows), len(rows))
         finally:
             reader.dispose()
     return out

@@ -11,14 +11,14 @@ from bridge.ledger import job_state
 from bridge.ledger.totals import LEFT, OUTCOMES
 from bridge.pipeline.loop import SCAN_CHUNK, JobRunner
 from bridge.pipeline.stats import key_chunks
-from bridge.pipeline.waiting import Waiting, waiting_in
+from bridge.pipeline.waiting import Waiting, beyond_checkpoint, waiting_in
 from bridge.timefmt import utcnow
 
 
 @dataclass
 class QueueBooks:
     queue: str
-    source_rows: int = 0  # rows at or below the checkpoint (rows above it are backlog)
+    source_rows: int = 0  # rows at or below the checkpoint, and those past it in the ledger (the rest is backlog)
     delivered: int = 0
     skipped: int = 0
     quarantined: int = 0
@@ -95,9 +95,14 @@ def _books(runner: JobRunner) -> JobBooks:
                 books.append(b)
                 continue
             cp = checkpoints.get(queue)
-            b.backlog = source.count_after(sconn, cp.high if cp else None)
             if cp is not None and cp.high is not None:
                 _monotonic_books(runner, tconn, sconn, source, cp, b)
+            # Past the checkpoint: the backlog, and what an interrupted migration recorded there
+            past = beyond_checkpoint(runner, tconn, sconn, source, cp.high if cp else None)
+            b.backlog = past.waiting
+            b.source_rows += past.recorded.total()
+            for outcome, n in past.recorded.items():
+                setattr(b, outcome, getattr(b, outcome) + n)
             books.append(b)
         subs = {s for source in runner.sources.values() for s in source.subscriptions(sconn)}
         unroutable = [
@@ -133,7 +138,8 @@ def _monotonic_books(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connecti
             if len(unexplained) >= SCAN_CHUNK:
                 _explain(runner, tconn, source, unexplained, b)
                 unexplained = []
-    b.source_gone += sum(1 for _ in ledger) + (entry is not None)
+    # What lies past the checkpoint is not gone: beyond_checkpoint counts it (an interrupted migration's)
+    b.source_gone += sum(1 for k, _ in ledger if k <= cp.high) + (entry is not None and entry[0] <= cp.high)
     _explain(runner, tconn, source, unexplained, b)
 
 

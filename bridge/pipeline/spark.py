@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -23,7 +22,6 @@ from functools import partial
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from bridge import faults, tracing
 from bridge.config import Config
@@ -36,6 +34,7 @@ from bridge.pipeline.planner_stats import LedgerStats
 
 # spark_context, stop_spark, local_slots and _jvm are imported from here by tests and bench/migrate.py too.
 from bridge.pipeline.spark_context import TASK_ATTEMPTS, _jvm, local_slots, spark_context, stop_spark  # noqa: F401
+from bridge.pipeline.spark_progress import execute
 from bridge.pipeline.stats import where_the_time_went
 from bridge.retry import with_backoff
 
@@ -299,7 +298,13 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
     parent = tracing.traceparent()
     if parent:
         units = [dataclasses.replace(u, trace=parent) for u in units]
-    results = _execute(config, sc, units, console, fences, stats.units_completed, overridden) if units else []
+    try:
+        results = execute(sc, units, lambda u: run_unit(config, u, fences, overridden), console,
+                          stats.units_completed) if units else []
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a task's failure, said in one line
+        raise _task_error(e) from None
     spark_seconds = time.monotonic() - started
     units_done()
     stats.refresh()  # the closing passes walk every scan key against the ledger the units filled
@@ -333,55 +338,6 @@ def _run(config: Config, plans: list[QueuePlan], units: list[WorkUnit], console:
         total.gaps_open = tail.gaps_open
         totals.append(total)
     return totals
-
-
-def _execute(config: Config, sc: Any, units: list[WorkUnit], console: Console,
-             fences: dict[str, tuple[int | None, str, str | None]], on_progress: Any = lambda done: None,
-             even_if_paused: frozenset[str] = frozenset()) -> list[tuple[int, PassStats, list[Gap]]]:
-    """Runs the units as one Spark job, one partition each, with a progress bar over them;
-    `fences`: job -> (epoch, holder, why unfenced), checked by every batch of the tasks;
-    `on_progress(units completed)` on the driver every half second."""
-    group = f"qbridge-{os.getpid()}-{time.time_ns()}"
-    sc.setJobGroup(group, "qbridge migrate", interruptOnCancel=True)
-    rdd = sc.parallelize(units, len(units)).map(lambda u: run_unit(config, u, fences, even_if_paused))
-    box: dict[str, Any] = {}
-
-    def collect() -> None:
-        try:
-            box["results"] = rdd.collect()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the driver's main thread
-            box["error"] = e
-
-    worker = threading.Thread(target=collect, name="qbridge-spark-collect", daemon=True)
-    worker.start()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    tracker = sc.statusTracker()
-    try:
-        with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
-            task = progress.add_task("units", total=len(units))
-            while worker.is_alive():
-                worker.join(0.5)
-                done = _completed(tracker, group)
-                progress.update(task, completed=done)
-                on_progress(done)
-            progress.update(task, completed=len(units) if "results" in box else _completed(tracker, group))
-    except KeyboardInterrupt:
-        sc.cancelJobGroup(group)
-        raise
-    if "error" in box:
-        raise _task_error(box["error"]) from None
-    return box["results"]
-
-
-def _completed(tracker: Any, group: str) -> int:
-    done = 0
-    for job_id in tracker.getJobIdsForGroup(group):
-        info = tracker.getJobInfo(job_id)
-        for stage_id in info.stageIds if info else ():
-            stage = tracker.getStageInfo(stage_id)
-            if stage:
-                done += stage.numCompletedTasks
-    return done
 
 
 def _task_error(e: BaseException) -> BaseException:

@@ -68,7 +68,7 @@ def test_a_rollback_killed_after_init_is_given_back_by_a_process_that_started_on
     assert runner.drain("MQueue1").delivered == 5
     assert set(b.subqueues().values()) == {"X"}
     assert b.cli("init") == 0
-    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--job", "job1"))  # withdrawn, not given back
+    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))  # withdrawn, not given back
     assert b.count("Orders") == 0 and set(b.subqueues().values()) == {"X"}
     time.sleep(0.6)
     stats = with_backoff(lambda: runner.drain("MQueue1"), "drain", sleep=lambda s: None)  # as `run` retries a pass

@@ -57,7 +57,7 @@ def test_a_rollback_beside_a_migrate_whose_lock_was_cut_loses_nothing(make, tmp_
                                       "QBRIDGE_FAULT_PAUSE_SECONDS": "6"})
     _wait(marker, migrate)
     cut_lock(b, "migrate", migrate.pid)
-    rollback = subprocess.run([*b.spawn_args("rollback", "--job", "job1")], capture_output=True, text=True, timeout=120)
+    rollback = subprocess.run([*b.spawn_args("rollback", "--yes", "--job", "job1")], capture_output=True, text=True, timeout=120)
     _, err = migrate.communicate(timeout=120)
     for _ in range(2):
         assert b.cli("sync", "--once") == 0
@@ -102,7 +102,7 @@ class Race:
     def args(self, command: str) -> list[str]:
         b = self.b
         return {"migrate": b.spawn_args("migrate"), "sync": b.spawn_args("sync", "--once", "--lock-wait", "60"),
-                "run": b.spawn_args("run"), "rollback": b.spawn_args("rollback", "--job", "job1", "--lock-wait", "60"),
+                "run": b.spawn_args("run"), "rollback": b.spawn_args("rollback", "--yes", "--job", "job1", "--lock-wait", "60"),
                 "replay": b.spawn_args("quarantine", "replay", "--id", self.bad_id, "--with", str(self.fixed))}[command]
 
     def spawn(self, command: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -39,7 +39,7 @@ def _waits_on_a_row_lock(b: Bridge) -> bool:
 
 
 def _rollback(b: Bridge) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(b.spawn_args("rollback", "--job", "job1", "--lock-wait", "60"), capture_output=True, text=True,
+    return subprocess.run(b.spawn_args("rollback", "--yes", "--job", "job1", "--lock-wait", "60"), capture_output=True, text=True,
                           timeout=180)
 
 
@@ -68,7 +68,7 @@ def test_a_pass_that_lost_its_lock_does_not_consume_in_flight_keys_a_rollback_ga
     cut_lock(b, "migrate", migrate.pid)
     # The rollback takes the job, then waits for the rows the frozen pass holds: the pass is woken
     # once the rollback waits on them (or is done), not after a fixed pause.
-    rollback_proc = subprocess.Popen(b.spawn_args("rollback", "--job", "job1", "--lock-wait", "60"),
+    rollback_proc = subprocess.Popen(b.spawn_args("rollback", "--yes", "--job", "job1", "--lock-wait", "60"),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while rollback_proc.poll() is None and not _waits_on_a_row_lock(b):

@@ -105,6 +105,6 @@ def test_a_range_ledger_created_beside_an_unfolded_ledger_is_no_proof_of_a_fold(
     result = again.run_range("MQueue1", ids[0] - 1, ids[-1])
     assert b.count("Orders") == 30, "the messages were delivered a second time"
     assert (result.stats.delivered, result.stats.already) == (0, 30)
-    assert refused == 1
+    assert refused == 2  # the books need `init` first: waiting cannot fix it
     assert b.ledger() == {"delivered": 30}
     assert b.cli("verify") == 0

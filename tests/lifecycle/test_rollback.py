@@ -41,7 +41,7 @@ def test_withdrawn_messages_are_delivered_again_once_and_consumed_ones_stay(brid
     [plan] = json.loads(capsys.readouterr().out)["queues"]
     assert plan["withdrawn"] == delivered - 7 and plan["consumed"] == 7 and sorted(plan["consumed_ids"]) == sorted(consumed)
     assert sum(_all_ids(b).values()) == delivered - 7  # the dry run changed nothing
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     assert "consumed, cannot be withdrawn" in capsys.readouterr().out
     assert not _all_ids(b)
     assert b.ledger()["delivered"] == 7
@@ -54,7 +54,7 @@ def test_withdrawn_messages_are_delivered_again_once_and_consumed_ones_stay(brid
     assert again == Counter({mid: 1 for mid in before if mid not in consumed})
     assert b.ledger()["delivered"] == delivered
     assert b.cli("verify") == 0
-    assert b.cli("rollback", "--job", "job1", "--queue", "MQueue1") == 0  # a second rollback, then once more again
+    assert b.cli("rollback", "--yes", "--job", "job1", "--queue", "MQueue1") == 0  # a second rollback, then once more again
     assert b.cli("sync", "--once") == 0 and _all_ids(b) == again
 
 
@@ -65,13 +65,13 @@ def test_a_rollback_killed_at_any_point_and_run_again_loses_and_doubles_nothing(
     b.insert(b.ready(2500))
     assert b.cli("sync", "--once") == 0
     before = _all_ids(b)
-    kill_at(b, point, tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, point, tmp_path, ("rollback", "--yes", "--job", "job1"))
     left = _all_ids(b)
     assert 0 < sum(left.values()) < 2500 and all(n == 1 for n in left.values())
     assert b.ledger()["delivered"] == sum(left.values())  # a batch went whole or not at all
     assert b.cli("sync", "--once") == 0  # a pass between the two runs
     assert _all_ids(b) == before
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     assert not _all_ids(b) and not b.ledger()
     assert b.cli("sync", "--once") == 0
     assert _all_ids(b) == before
@@ -88,7 +88,7 @@ def test_an_openjms_copy_job_is_rolled_back_and_redelivered(request, tmp_path: P
         assert j.cli("sync", "--once") == 0
         before = j.message_ids("Orders")
         assert sum(before.values()) == 5
-        assert j.cli("rollback", "--job", "job1") == 0
+        assert j.cli("rollback", "--yes", "--job", "job1") == 0
         assert j.count("Orders") == 0
         assert j.cli("sync", "--once") == 0
         assert j.message_ids("Orders") == before
@@ -107,7 +107,7 @@ def test_refused_while_qbridge_run_holds_the_job(make, capsys) -> None:
     assert lock.ensure()
     try:
         capsys.readouterr()
-        assert b.cli("rollback", "--job", "job1") == 1
+        assert b.cli("rollback", "--yes", "--job", "job1") == 1
         assert "is held by" in capsys.readouterr().err
     finally:
         lock.release()
@@ -141,7 +141,7 @@ def test_a_message_whose_legacy_row_was_consumed_since_stays_delivered(make, cap
     with b.source.begin() as conn:
         conn.execute(sa.update(t).where(t.c.id.in_(ids[:3])).values(subqueue="X"))
     capsys.readouterr()
-    assert b.cli("rollback", "--job", "job1", "--json") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert (w["withdrawn"], w["kept"]) == (7, 3)
     assert b.count("Orders") == 3 and b.ledger() == {"delivered": 3}

@@ -50,7 +50,7 @@ def test_rows_come_back_in_the_subqueue_they_had_and_are_delivered_again_once(br
     delivered = sum(before.values())
     assert (plan["withdrawn"], plan["given_back"], plan["consumed"]) == (delivered - 4, delivered - 4, 4)
     assert set(b.subqueues().values()) == {"X"} and sum(b.message_ids(*TABLES).values()) == delivered - 4
-    assert b.cli("rollback", "--job", "job1", "--json") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert (w["withdrawn"], w["given_back"], w["quarantined"]) == (delivered - 4, delivered - 4, 0)
     assert not b.message_ids(*TABLES)
@@ -84,13 +84,13 @@ def test_killed_between_any_two_commits_nothing_is_lost_or_doubled(make, tmp_pat
     b.insert(b.ready(2500))
     assert b.cli("sync", "--once") == 0
     before = b.message_ids(*TABLES)
-    kill_at(b, point, tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, point, tmp_path, ("rollback", "--yes", "--job", "job1"))
     assert b.cli("sync", "--once") == 0  # a pass first gives back what is owed, then delivers it again
     assert b.message_ids(*TABLES) == before
     assert set(b.subqueues().values()) == {"X"}
     assert b.cli("verify") == 0
-    kill_at(b, point, tmp_path, ("rollback", "--job", "job1"))
-    assert b.cli("rollback", "--job", "job1") == 0  # rollback run again finishes the job
+    kill_at(b, point, tmp_path, ("rollback", "--yes", "--job", "job1"))
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0  # rollback run again finishes the job
     assert not b.message_ids(*TABLES) and not b.ledger()
     assert set(b.subqueues().values()) == {"I"}
     assert b.cli("sync", "--once") == 0
@@ -105,14 +105,14 @@ def test_a_row_given_back_and_taken_again_by_the_legacy_receiver_is_not_given_ba
     b = make(batch_size=50, mode="move")
     ids = b.insert(b.ready(1500))
     assert b.cli("sync", "--once") == 0
-    kill_at(b, "giveback_after_legacy_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, "giveback_after_legacy_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))
     back = [k for k, v in b.subqueues().items() if v == "I"]
     assert len(back) == 1000  # the first batch of withdrawals
     t = b.tables["MQueue1"]
     with b.source.begin() as conn:  # NGinn's SelectAndLockNext2, a moment later
         conn.execute(sa.update(t).where(t.c.id == back[0], t.c.subqueue == "I")
                      .values(subqueue="X", last_processed=b.now_local() + timedelta(seconds=1)))
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     now = b.subqueues()
     assert now[back[0]] == "X" and all(now[k] == "I" for k in ids if k != back[0])
     assert not b.message_ids(*TABLES)
@@ -126,12 +126,12 @@ def test_a_row_gone_before_it_was_given_back_is_quarantined_and_replayed_once(ma
     b = make(batch_size=50, mode="move")
     ids = b.insert(b.ready(60))
     assert b.cli("sync", "--once") == 0
-    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))
     t = b.tables["MQueue1"]
     with b.source.begin() as conn:  # NGinn's CleanupProcessedMessages, in between
         conn.execute(sa.delete(t).where(t.c.id == ids[0]))
     capsys.readouterr()
-    assert b.cli("rollback", "--job", "job1", "--json") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert w["quarantined"] == 1
     assert b.ledger()["quarantined"] == 1
@@ -169,7 +169,7 @@ def test_a_migration_after_a_killed_rollback_gives_back_before_it_plans(make, tm
     b.insert(b.ready(1500))
     assert b.cli("sync", "--once") == 0
     before = b.message_ids(*TABLES)
-    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))
     assert sum(b.message_ids(*TABLES).values()) == 500
     assert b.cli("migrate", "--master", "local[2]") == 0
     assert b.message_ids(*TABLES) == before
@@ -186,11 +186,11 @@ def test_a_row_gone_after_an_attempt_that_may_have_given_it_back_is_quarantined_
     b = make(batch_size=50, mode="move")
     ids = b.insert(b.ready(60))
     assert b.cli("sync", "--once") == 0
-    kill_at(b, "giveback_after_legacy_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, "giveback_after_legacy_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))
     t = b.tables["MQueue1"]
     with b.source.begin() as conn:
         conn.execute(sa.delete(t).where(t.c.id == ids[0]))
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     capsys.readouterr()
     assert b.cli("quarantine", "list", "--json") == 0
     [q] = json.loads(capsys.readouterr().out)["jobs"][0]["quarantined"]

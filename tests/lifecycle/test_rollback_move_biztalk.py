@@ -66,7 +66,7 @@ def test_entries_come_back_as_they_were_and_are_delivered_again_once(bt: BizTalk
     assert b.cli("rollback", "--job", "job1", "--dry-run", "--json") == 0
     [plan] = json.loads(capsys.readouterr().out)["queues"]
     assert plan["given_back"] == len(entries) and not _entries(b)
-    assert b.cli("rollback", "--job", "job1", "--json") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert (w["withdrawn"], w["given_back"], w["quarantined"]) == (len(entries), len(entries), 0)
     assert not b.message_ids(*TABLES)
@@ -88,9 +88,9 @@ def test_killed_between_any_two_commits_nothing_is_lost_or_doubled(request, tmp_
         entries = _fill(b)
         assert b.cli("sync", "--once") == 0
         before = b.message_ids(*TABLES)
-        kill_at(b, point, tmp_path, ["rollback", "--job", "job1"])
+        kill_at(b, point, tmp_path, ["rollback", "--yes", "--job", "job1"])
         assert b.cli("sync", "--once") == 0  # a pass gives back what is owed before it reads
-        assert b.cli("rollback", "--job", "job1") == 0
+        assert b.cli("rollback", "--yes", "--job", "job1") == 0
         assert _entries(b) == entries
         assert b.cli("verify") == 0
         assert b.cli("sync", "--once") == 0
@@ -104,14 +104,14 @@ def test_a_message_purged_before_the_give_back_is_quarantined_and_replayed_once(
         entries = _fill(b, 2)
         assert b.cli("sync", "--once") == 0
         before = b.message_ids(*TABLES)
-        kill_at(b, "rollback_after_commit:1", tmp_path, ["rollback", "--job", "job1"])
+        kill_at(b, "rollback_after_commit:1", tmp_path, ["rollback", "--yes", "--job", "job1"])
         purged = next(m for (kind, m, _) in entries if kind == "Q")
         with b.source.begin() as conn:  # BizTalk's cleanup purges a message no queue refers to
             s, mp = b.bt["Spool"], b.bt["MessageParts"]
             conn.execute(sa.delete(mp).where(mp.c.uidMessageID == purged))
             conn.execute(sa.delete(s).where(s.c.uidMessageID == purged))
         capsys.readouterr()
-        assert b.cli("rollback", "--job", "job1", "--json") == 0
+        assert b.cli("rollback", "--yes", "--job", "job1", "--json") == 0
         [w] = json.loads(capsys.readouterr().out)["queues"]
         assert w["quarantined"] == 1
         assert set(_entries(b)) == {k for k in entries if k[1] != purged}

@@ -35,7 +35,7 @@ def test_an_expired_row_that_move_mode_sent_to_audit_is_not_lost_by_rollback(on_
     before = b.message_ids(*TABLES)
     assert sum(b.message_ids("audit").values()) == 1 and sum(before.values()) == 4
     assert set(b.subqueues().values()) == {"X"}  # move mode consumed the expired row too
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     assert b.cli("sync", "--once") == 0
     assert b.message_ids(*TABLES) == before, (b.message_ids(*TABLES), b.subqueues(), b.ledger())
 
@@ -50,7 +50,7 @@ def test_a_failed_row_that_move_mode_sent_to_audit_is_not_lost_by_rollback(on_ea
     before = b.message_ids("Orders", "audit")
     assert sum(b.message_ids("audit").values()) == 1 and sum(before.values()) == 4
     assert set(b.subqueues().values()) == {"X"}
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     assert b.cli("sync", "--once") == 0
     assert b.message_ids("Orders", "audit") == before, (b.message_ids("Orders", "audit"), b.subqueues(), b.ledger())
 
@@ -74,7 +74,7 @@ def test_rows_the_legacy_receiver_processed_before_the_job_turned_to_move_mode_a
     more = b.insert(b.ready(3, start=4))
     assert b.cli("sync", "--once") == 0
     assert set(b.subqueues().values()) == {"X"}
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     now = b.subqueues()
     assert [now[k] for k in more] == ["I"] * 3  # move mode's own: given back
     assert [now[k] for k in ids] == ["X"] * 3, now  # NGinn processed these itself: not to be processed again
@@ -112,7 +112,7 @@ def test_a_pass_under_way_does_not_read_rows_a_concurrent_rollback_owes(make, tm
         original(queue)  # this pass has given back what was owed (nothing) and consumed its pending keys
         if procs:
             return  # the pass's second attempt
-        proc = b.spawn("rollback", "--job", "job1", env={"QBRIDGE_FAULT_PAUSE": "rollback_after_commit:1",
+        proc = b.spawn("rollback", "--yes", "--job", "job1", env={"QBRIDGE_FAULT_PAUSE": "rollback_after_commit:1",
                                                          "QBRIDGE_FAULT_FILE": str(marker), "QBRIDGE_FAULT_PAUSE_SECONDS": "3"})
         procs.append(proc)
         _wait(marker, proc)  # withdrawn and owed, committed; not given back yet
@@ -166,7 +166,7 @@ def test_rows_a_concurrent_pass_delivered_and_has_not_consumed_yet_are_not_withd
     monkeypatch.setattr(JobRunner, "_consume_pending", then_a_pass)
     # The sync took the job while the rollback's lock was cut: since issue 35 the rollback, which
     # no longer holds the job, withdraws nothing and says why (its fence).
-    assert b.cli("rollback", "--job", "job1") == 1
+    assert b.cli("rollback", "--yes", "--job", "job1") == 1
     assert "lost the job's lock" in capsys.readouterr().err
     out, err = procs[0].communicate(timeout=60)
     assert procs[0].returncode == 0, err
@@ -190,7 +190,7 @@ def test_a_row_given_back_then_processed_and_cleaned_up_by_nginn_is_not_quaranti
     ids = b.insert(b.ready(60))
     assert b.cli("sync", "--once") == 0
     before = b.message_ids("Orders")
-    kill_at(b, "giveback_after_legacy_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, "giveback_after_legacy_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))
     assert set(b.subqueues().values()) == {"I"}  # every row given back (one batch), still owed
     t = b.tables["MQueue1"]
     with b.source.begin() as conn:  # NGinn's receiver processes row 1 ...
@@ -199,7 +199,7 @@ def test_a_row_given_back_then_processed_and_cleaned_up_by_nginn_is_not_quaranti
     with b.source.begin() as conn:  # ... and its CleanupProcessedMessages deletes it later
         conn.execute(sa.delete(t).where(t.c.id == ids[0], t.c.subqueue == "X"))
     capsys.readouterr()
-    assert b.cli("rollback", "--job", "job1", "--json") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert b.cli("quarantine", "list", "--json") == 0
     [q] = json.loads(capsys.readouterr().out)["jobs"][0]["quarantined"]
@@ -219,7 +219,7 @@ def test_what_a_killed_rollback_owes_a_job_renamed_since_is_named_by_init_and_ve
     b = make(batch_size=50, mode="move")
     b.insert(b.ready(5))
     assert b.cli("sync", "--once") == 0
-    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--job", "job1"))
+    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))
     assert set(b.subqueues().values()) == {"X"}  # withdrawn, not given back yet
     original = b.config.read_text()
     b.config.write_text(original.replace('name     = "job1"', 'name     = "orders"'))
@@ -232,6 +232,6 @@ def test_what_a_killed_rollback_owes_a_job_renamed_since_is_named_by_init_and_ve
     assert (owed["job"], owed["queue"], owed["rows"]) == ("job1", "MQueue1", 5)
     assert "qbridge rollback -c CONFIG --job job1 --queue MQueue1" in owed["advice"]
     b.config.write_text(original)  # as the advice says
-    assert b.cli("rollback", "--job", "job1", "--queue", "MQueue1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1", "--queue", "MQueue1") == 0
     assert set(b.subqueues().values()) == {"I"}
     assert b.cli("verify") == 0

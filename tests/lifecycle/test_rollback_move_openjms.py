@@ -102,7 +102,7 @@ def test_handles_come_back_as_they_were_and_are_delivered_again_once(jms: Jms, c
     plan = {q["queue"]: q for q in json.loads(capsys.readouterr().out)["queues"]}
     assert sum(q["given_back"] for q in plan.values()) == len(handles) - 2
     assert not _handles(j)
-    assert j.cli("rollback", "--job", "job1", "--json") == 0
+    assert j.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     done = {q["queue"]: q for q in json.loads(capsys.readouterr().out)["queues"]}
     assert sum(q["withdrawn"] for q in done.values()) == sum(q["given_back"] for q in done.values()) == len(handles) - 2
     assert sum(q["consumed"] for q in done.values()) == 2
@@ -133,9 +133,9 @@ def test_killed_between_any_two_commits_nothing_is_lost_or_doubled(request, tmp_
         assert j.cli("sync", "--once") == 0
         before = j.message_ids(*TABLES)
         # The killed run's batches are of 1,000 messages: a third of the queues is enough to reach :2.
-        kill_at(j, point, tmp_path, ["rollback", "--job", "job1"])
+        kill_at(j, point, tmp_path, ["rollback", "--yes", "--job", "job1"])
         # A rerun (or a pass, which gives back what is owed before it reads) finishes the give-back.
-        assert j.cli("rollback", "--job", "job1") == 0
+        assert j.cli("rollback", "--yes", "--job", "job1") == 0
         assert _handles(j) == handles
         assert j.cli("verify") == 0
         assert j.cli("sync", "--once") == 0
@@ -149,14 +149,14 @@ def test_a_handle_taken_again_after_a_cut_off_give_back_is_not_given_back_twice(
     for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, mode="move", batch_size=4):
         _fill(j)
         assert j.cli("sync", "--once") == 0
-        kill_at(j, "giveback_after_legacy_commit:1", tmp_path, ["rollback", "--job", "job1"])
+        kill_at(j, "giveback_after_legacy_commit:1", tmp_path, ["rollback", "--yes", "--job", "job1"])
         first = _handles(j)
         assert first  # committed on the legacy side, still owed on qbridge's
         # OpenJMS's own consumer takes them (deletes the handles and messages) before anything reruns.
         with j.source.begin() as conn:
             conn.execute(sa.delete(j.jms_tables["message_handles"]))
             conn.execute(sa.delete(j.jms_tables["messages"]))
-        assert j.cli("rollback", "--job", "job1") == 0
+        assert j.cli("rollback", "--yes", "--job", "job1") == 0
         assert not (_handles(j) & first)  # the marks said they had been given back
         with j.source.connect() as conn:
             assert conn.execute(sa.text(f"select count(*) from {MARKS}")).scalar_one() == 0
@@ -169,12 +169,12 @@ def test_a_subscriber_gone_before_the_give_back_sends_its_message_to_quarantine(
         _fill(j)
         assert j.cli("sync", "--once") == 0
         billing = j.message_ids("Billing")
-        kill_at(j, "rollback_after_commit:1", tmp_path, ["rollback", "--job", "job1", "--queue", "prices.eu"])
+        kill_at(j, "rollback_after_commit:1", tmp_path, ["rollback", "--yes", "--job", "job1", "--queue", "prices.eu"])
         with j.source.begin() as conn:  # the durable subscriber unsubscribes meanwhile
             c = j.jms_tables["consumers"]
             conn.execute(sa.delete(c).where(c.c.consumerid == SUBSCRIBERS["billing-sub"]))
         capsys.readouterr()
-        assert j.cli("rollback", "--job", "job1", "--queue", "prices.eu", "--json") == 0
+        assert j.cli("rollback", "--yes", "--job", "job1", "--queue", "prices.eu", "--json") == 0
         [w] = json.loads(capsys.readouterr().out)["queues"]
         assert w["quarantined"] == 1 and w["given_back"] >= 1
         assert _handles(j) == {("ID:t-1", SUBSCRIBERS["audit-sub"])}
@@ -189,12 +189,12 @@ def test_without_the_marks_table_rollback_names_init(jms: Jms, capsys) -> None:
     with jms.source.begin() as conn:
         conn.execute(sa.text(f"drop table {MARKS}"))
     capsys.readouterr()
-    assert jms.cli("rollback", "--job", "job1") != 0
+    assert jms.cli("rollback", "--yes", "--job", "job1") != 0
     err = capsys.readouterr().err
     assert MARKS in err and "qbridge init" in err
     assert jms.count("Orders") == 1
     assert jms.cli("init") == 0
-    assert jms.cli("rollback", "--job", "job1") == 0
+    assert jms.cli("rollback", "--yes", "--job", "job1") == 0
     assert jms.count("Orders") == 0 and _handles(jms) == {("ID:m-1", QUEUE_ID * 100)}
 
 
@@ -236,7 +236,7 @@ def test_a_message_whose_mapping_dropped_what_rebuilding_it_needs_stays_delivere
     mapping = MAPPING + '\n[headers.drop]\nnames = ["JMS.PropertyTypes", "JMS.BodyKind"]\n'
     j = _one_moved(request, tmp_path, pg_server, pg_schema, mapping)
     capsys.readouterr()
-    assert j.cli("rollback", "--job", "job1", "--json") == 0
+    assert j.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert (w["withdrawn"], w["kept"], w["unsure"]) == (0, 1, 1)
     assert j.count("Orders") == 1 and not _handles(j)
@@ -268,11 +268,11 @@ def test_a_property_the_mapping_dropped_keeps_the_message_delivered_with_the_rea
     [row] = j.rows("Orders")
     assert "quantity" in row["headers"]["JMS.PropertyTypes"] and "JMS.Property.quantity" not in row["headers"]
     capsys.readouterr()
-    assert j.cli("rollback", "--job", "job1", "--json") == 0
+    assert j.cli("rollback", "--yes", "--job", "job1", "--json") == 0
     [w] = json.loads(capsys.readouterr().out)["queues"]
     assert (w["withdrawn"], w["kept"], w["unsure"], w["given_back"]) == (0, 1, 1, 0)
     [why] = w["unsure_reasons"]
     assert "JMS.Property.quantity" in why and "JMS.PropertyTypes" in why
     assert j.count("Orders") == 1 and not _handles(j)
-    assert j.cli("rollback", "--job", "job1") == 0
+    assert j.cli("rollback", "--yes", "--job", "job1") == 0
     assert "1 kept delivered: the mapping dropped JMS.Property.quantity" in capsys.readouterr().out

@@ -58,7 +58,7 @@ def _round_trip(j: Jms, msg, expiry: int = 0):
     j.store(lambda c, t: openjms_message(c, t, mid, QUEUE_ID, encode(msg), [QUEUE_ID * 100], expiry=expiry))
     assert j.cli("sync", "--once") == 0
     assert not _handles(j) and sum(_delivered(j).values()) == 1
-    assert j.cli("rollback", "--job", "job1") == 0
+    assert j.cli("rollback", "--yes", "--job", "job1") == 0
     assert _handles(j) == {(mid, QUEUE_ID * 100)}
     return decode(_blobs(j)[mid])
 
@@ -98,7 +98,7 @@ def test_a_sibling_handle_consumed_while_the_give_back_runs_leaves_no_handle_wit
         assert source.consume(consumer, [f"ID:t-1#{SUBSCRIBERS['audit-sub']}"]) == 1  # and the message: no handle left
         # The rollback gives billing-sub's handle back meanwhile: it waits for the consumer's lock
         # on the message, then sees it gone and writes it again with the handle.
-        proc = j.spawn("rollback", "--job", "job1")
+        proc = j.spawn("rollback", "--yes", "--job", "job1")
         time.sleep(3)
         assert proc.poll() is None, proc.communicate()
         tx.commit()
@@ -208,7 +208,7 @@ def test_an_empty_additional_info_comes_back_empty_not_null(request, tmp_path: P
         assert before == {("Q", message, instance): (service, "")}
         assert b.cli("sync", "--once") == 0
         assert not _entries(b)
-        assert b.cli("rollback", "--job", "job1") == 0
+        assert b.cli("rollback", "--yes", "--job", "job1") == 0
         assert _entries(b) == before
 
 
@@ -226,8 +226,8 @@ def test_marks_left_by_a_run_cut_off_before_forgetting_them_do_not_stay_for_good
         j.queue_message(f"ID:m-{i}")
     assert j.cli("sync", "--once") == 0
     monkeypatch.setattr(giveback, "forget_marks", lambda *a, **k: None)  # the kill, just before it
-    assert j.cli("rollback", "--job", "job1") == 0
+    assert j.cli("rollback", "--yes", "--job", "job1") == 0
     monkeypatch.undo()
     assert len(_handles(j)) == 5 and _marks(j) == 5
-    assert j.cli("rollback", "--job", "job1") == 0  # the rerun: nothing delivered, nothing owed
+    assert j.cli("rollback", "--yes", "--job", "job1") == 0  # the rerun: nothing delivered, nothing owed
     assert _marks(j) == 0

@@ -30,7 +30,7 @@ def test_rollback_does_not_withdraw_what_another_job_reading_the_queue_delivered
     before = b.message_ids("Orders")
     assert sum(before.values()) == 5
     assert b.cli("sync", "--once", "--job", "job1") == 0
-    code = b.cli("rollback", "--job", "job1")
+    code = b.cli("rollback", "--yes", "--job", "job1")
     assert b.cli("sync", "--once", "--job", "job1") == 0
     assert b.message_ids("Orders") == before, f"rollback exited {code}; job2's messages are gone"
     assert code == 2  # refused, naming job2
@@ -48,7 +48,7 @@ def test_a_same_named_queue_of_another_legacy_database_does_not_refuse_rollback(
     b.insert(b.ready(5))
     assert b.cli("sync", "--once") == 0
     assert b.count("Orders") == 10
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     assert b.count("Orders") == 5  # job2's five stay
     assert b.cli("sync", "--once", "--job", "job1") == 0
     assert b.count("Orders") == 10 and len(b.message_ids("Orders")) == 10

@@ -168,7 +168,7 @@ def test_a_give_back_owed_within_seconds_of_a_miss_is_never_read_as_processed(ma
     assert runner.drain("MQueue1").delivered == 5  # its passes looked for qbridge_givebacks: missing
     missed = time.monotonic()
     assert b.cli("init") == 0
-    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--job", "job1"))  # withdrawn, not given back
+    kill_at(b, "rollback_after_commit:1", tmp_path, ("rollback", "--yes", "--job", "job1"))  # withdrawn, not given back
     assert b.count("Orders") == 0 and set(b.subqueues().values()) == {"X"}
     if time.monotonic() - missed >= KEPT_RECHECK_SECONDS:
         pytest.skip("this machine took longer than the re-check interval to run init and the rollback")

@@ -75,7 +75,7 @@ def test_discard_replay_and_rollback_take_nothing_off_the_counters(make, capsys:
 
     # A rollback withdraws a delivered message: `status --json` keeps it in `ever`, Prometheus's counter too.
     capsys.readouterr()
-    assert b.cli("rollback", "--job", "job1", "--queue", "MQueue3") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1", "--queue", "MQueue3") == 0
     capsys.readouterr()
     assert b.cli("status", "--json") == 0
     [q] = [q for q in json.loads(capsys.readouterr().out)["jobs"][0]["queues"] if q["queue"] == "MQueue3"]

@@ -231,7 +231,7 @@ def test_rollback_and_quarantine_replay_are_traced(tmp_path: Path, spans) -> Non
     b.insert(rows)
     assert b.cli("sync", "--once") == 0
     assert b.cli("quarantine", "replay", "--all") == 1  # it fails again: the row is still not JSON
-    assert b.cli("rollback", "--job", "job1") == 0
+    assert b.cli("rollback", "--yes", "--job", "job1") == 0
     done = {s.name: s for s in spans.get_finished_spans()}
     replay = done["qbridge.quarantine.replay"]
     assert replay.attributes["qbridge.messages"] == 1 and replay.attributes["qbridge.failed_again"] == 1

@@ -154,4 +154,4 @@ def test_the_overview_says_what_holds_a_job_and_for_how_long() -> None:
                           "held": "Orders holds 5,000 of 5,000", "held_since": "2026-11-25T08:00:00Z", "held_seconds": 90.0}}
     page = render("t", [worker], History(), lambda w: books)
     assert "held: Orders holds 5,000 of 5,000 since 2026-11-25 08:00:00 UTC; 90 s held before this hold" in page
-    assert 'class="bad" data-field="state"' in page
+    assert 'class="warn" data-field="state"' in page  # held: amber, neither green nor the red of a failure

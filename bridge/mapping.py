@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from bridge.errors import ConfigError
 from bridge.identifiers import check_name
+from bridge.mapping_rules import RouteRule, SkipRule, TypeRule
 from bridge.settings_io import read_toml, validate
 
 Action = Literal["queue", "delayed", "error", "audit", "skip"]
@@ -74,14 +75,32 @@ class BizTalkOptions(BaseModel):
 class Mapping(BaseModel):
     """One mapping file, validated before anything runs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     routes: dict[str, str] = Field(default_factory=dict)
     headers: HeaderRules = Field(default_factory=HeaderRules)
     types: dict[str, str] = Field(default_factory=dict)
+    # `[[types.rules]]` and `[[routes.rules]]` sit in their tables in the file; kept apart here
+    # (bridge.mapping_rules), under the names their errors are located by.
+    type_rules: list[TypeRule] = Field(default_factory=list, alias="types.rules")
+    route_rules: list[RouteRule] = Field(default_factory=list, alias="routes.rules")
+    skip: list[SkipRule] = Field(default_factory=list)
     states: States = Field(default_factory=States)
     jms: JmsOptions = Field(default_factory=JmsOptions)
     biztalk: BizTalkOptions = Field(default_factory=BizTalkOptions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rule_lists(cls, data: object) -> object:
+        if isinstance(data, dict):
+            data = dict(data)
+            for table in ("types", "routes"):
+                entries = data.get(table)
+                if isinstance(entries, dict) and "rules" in entries:
+                    entries = dict(entries)
+                    data[f"{table}.rules"] = entries.pop("rules")
+                    data[table] = entries
+        return data
 
     @field_validator("routes")
     @classmethod
@@ -92,9 +111,15 @@ class Mapping(BaseModel):
 
     @model_validator(mode="after")
     def _has_routes(self) -> Mapping:
-        if not self.routes:
+        if not self.routes and not self.route_rules:
             raise ValueError("[routes] is empty: add at least one 'legacy name' = 'TargetQueue' (or '*')")
         return self
+
+    @property
+    def per_message(self) -> bool:
+        """Whether rules look at each message's content (headers, body): the columnar lane, which
+        maps a group of like messages by one example, then leaves them to the per-row lanes."""
+        return bool(self.route_rules or self.skip)
 
     def route(self, candidates: list[str]) -> str | None:
         """The target queue of the first candidate with a route, else the `*` route."""
@@ -104,7 +129,18 @@ class Mapping(BaseModel):
         return self.routes.get("*")
 
     def map_type(self, legacy_type: str) -> str:
-        return self.types.get(legacy_type, legacy_type)
+        return self.map_types(legacy_type)[0]
+
+    def map_types(self, legacy_type: str) -> list[str]:
+        """[types] first (exact), then `[[types.rules]]` in file order (the first that matches
+        wins; a list `to` is an EnclosedMessageTypes chain); else the type as it is."""
+        if legacy_type in self.types:
+            return [self.types[legacy_type]]
+        for rule in self.type_rules:
+            mapped = rule.apply(legacy_type)
+            if mapped is not None:
+                return mapped
+        return [legacy_type]
 
     def map_topic(self, full_name: str) -> str:
         """A subscription topic (Type.FullName) through [types], whose keys carry assemblies."""
@@ -114,7 +150,7 @@ class Mapping(BaseModel):
         return full_name
 
     def target_queues(self) -> list[str]:
-        return sorted(set(self.routes.values()))
+        return sorted(set(self.routes.values()) | {r.to for r in self.route_rules})
 
     def dropped(self, header: str) -> bool:
         return self._drop_re is not None and self._drop_re.match(header) is not None
@@ -176,6 +212,6 @@ def load_mapping(path: Path) -> Mapping:
     """Reads and validates a mapping file; every problem is reported with the file's name."""
     data = read_toml(path)
     mapping = validate(Mapping, data, str(path))
-    if not mapping.routes:
+    if not mapping.routes and not mapping.route_rules:
         raise ConfigError(str(path), ["[routes] is empty"])
     return mapping

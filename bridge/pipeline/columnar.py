@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import sqlalchemy as sa
 
 from bridge.ledger.state import LedgerEntry, Quarantined, State
+from bridge.mapping import Mapping
 from bridge.model import message_ids
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
@@ -35,6 +36,7 @@ class Batch(Protocol):
     origins: dict[str, int]
     fast_lane: bool
     columnar: bool
+    mapping: Mapping
     lane_min_rows: int
 
     def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
@@ -46,7 +48,8 @@ def takes_columns(runner: Batch, source: Source) -> bool:
     """Whether `source`'s batches try the columnar lane: the fast lane is on, and source and
     target both have the lane."""
     return (runner.fast_lane and runner.columnar and type(source).plain_columns is not Source.plain_columns
-            and type(runner.target).plain_columns is not Target.plain_columns)
+            and type(runner.target).plain_columns is not Target.plain_columns
+            and not runner.mapping.per_message)  # a group is mapped by one example: rules that read each message cannot
 
 
 def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool,

@@ -13,6 +13,7 @@ from bridge.codecs.echo import ECHO_HEADER, echo_of
 from bridge.config import TargetConfig
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
+from bridge.mapping_rules import MessageFacts, compiled
 from bridge.model import MESSAGE_MAX, CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.schemas.nservicebus import TargetTables
 from bridge.targets.base import Skipped
@@ -45,6 +46,11 @@ def envelope(
         return Skipped(f"state {msg.state} -> skip")
     src = msg.source
     types, routed = routing(msg.enclosed_types, msg.destination, src.queue, mapping)
+    if mapping.per_message:
+        decided = content_rules(mapping, src.system, src.queue, msg.destination, msg.state, msg.enclosed_types, msg.headers, msg.body)
+        if isinstance(decided, Skipped):
+            return decided
+        routed = decided or routed
     if routed is None:
         raise BadRow(
             f"no route for queue {msg.source.queue!r}, destination {msg.destination!r} or type "
@@ -96,6 +102,11 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
             or (action == "delayed" and msg.due is None) or (action == "error" and msg.failure is None)):
         return None
     types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
+    if mapping.per_message:
+        decided = content_rules(mapping, msg.system, msg.queue, msg.destination, msg.state, msg.enclosed_types, msg.headers, msg.body)
+        if isinstance(decided, Skipped):
+            return decided
+        routed = decided or routed
     if routed is None:
         return None
     mid = msg.message_id
@@ -149,6 +160,23 @@ def _set_headers(headers: dict[str, str], mapping: Mapping, system: str, databas
         headers[name] = render_template(template, values, headers)
 
 
+def content_rules(mapping: Mapping, system: str, queue: str, destination: str, state: str, enclosed_types: Sequence[str],
+                  headers: dict[str, str], body: bytes | None) -> Skipped | str | None:
+    """`[[skip]]` then `[[routes.rules]]`, in file order, over the message as read: Skipped
+    (with the rule's name) by the first skip rule that holds, else the queue of the first route
+    rule that holds, else None ([routes] decides)."""
+    facts = MessageFacts(system, queue, destination, state, enclosed_types[0] if enclosed_types else "", headers, body)
+    for rule in mapping.skip:
+        when = compiled(rule)
+        if when is None or when.matches(facts):
+            return Skipped(f"skip {rule.name!r}")
+    for route in mapping.route_rules:
+        when = compiled(route)
+        if when is None or when.matches(facts):
+            return route.to
+    return None
+
+
 def routing(enclosed_types: Sequence[str], destination: str, queue: str, mapping: Mapping) -> tuple[list[str], str | None]:
     """(the NServiceBus types, the routed queue) of a message; the same for every message of a
     queue with the same legacy types and destination, so worked out once per such combination."""
@@ -157,7 +185,7 @@ def routing(enclosed_types: Sequence[str], destination: str, queue: str, mapping
     found = memo.get(key)
     if found is None:
         legacy_types = list(enclosed_types) or [n for n in (destination, queue) if n in mapping.types][:1]
-        types = [mapping.map_type(t) for t in legacy_types]
+        types = [mapped for t in legacy_types for mapped in mapping.map_types(t)]
         found = types, mapping.route([*enclosed_types, *types, destination, queue])
         if len(memo) < 10_000:
             memo[key] = found

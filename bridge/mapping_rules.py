@@ -1,0 +1,164 @@
+"""Rules of a mapping file that reshape messages by pattern and by content (issue 47): type rules
+by regular expression, routes and skips decided by a `when`, a CEL expression over the legacy
+message as read. Compiled and type-checked when the mapping loads: a bad one is a located error
+before anything runs.
+
+CEL (the Common Expression Language of Kubernetes and Envoy) is evaluated by cel-expr-python,
+Google's CEL C++ behind a thin binding: type-checked at compile time, errors as values at run
+time (a header or field a `when` names that a message lacks is an error value, which does not
+match), ~5 µs a message. CEL reserves `type` (its type() function); the contract names the legacy
+type `type`, so the expression is compiled with `type` spelled `_typ` where it is a variable
+(same length: the positions in CEL's messages stay right), and the messages say `type` again."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from bridge.identifiers import check_name
+
+TYPE_VAR = "_typ"  # `type` as the compiled expression spells it
+_STRINGS_OR_TYPE = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|\btype\b(?!\s*\()""")
+_GROUP_REF = re.compile(r"\\(\d+)|\\g<(\d+)>")
+_ENV: Any = None
+
+
+def _env() -> Any:
+    """One CEL environment for every `when`: the variables a message offers, typed."""
+    global _ENV
+    if _ENV is None:
+        from cel_expr_python import cel
+
+        t = cel.Type
+        _ENV = cel.NewEnv(variables={"system": t.STRING, "queue": t.STRING, "destination": t.STRING, "state": t.STRING,
+                                     TYPE_VAR: t.STRING, "headers": t.Map(t.STRING, t.STRING), "body": t.DYN})
+    return _ENV
+
+
+def _spelled(expression: str) -> str:
+    return _STRINGS_OR_TYPE.sub(lambda m: m.group(1) or TYPE_VAR, expression)
+
+
+class When:
+    """A compiled `when`: `matches(message)` is True only where it evaluates to true."""
+
+    def __init__(self, expression: str) -> None:
+        self.expression = expression
+        try:
+            self._compiled = _env().compile(_spelled(expression))
+        except RuntimeError as e:
+            said = str(e).replace(TYPE_VAR, "type").replace("[INVALID_ARGUMENT]", "").strip()
+            said = re.sub(r"^INVALID_ARGUMENT: ", "", said)
+            raise ValueError(f"`when` does not compile: {' '.join(said.split())}") from None
+        returns = self._compiled.return_type().name()
+        if returns not in ("BOOL", "DYN"):  # DYN: a body field, whose type only the message tells
+            raise ValueError(f"`when` must be true or false, and {expression!r} is of type {returns.lower()}")
+        self.reads_body = re.search(r"\bbody\b", _STRINGS_OR_TYPE.sub(lambda m: '""' if m.group(1) else m.group(0), expression)) is not None
+
+    def matches(self, message: MessageFacts) -> bool:
+        result = self._compiled.eval(_env().Activation(message.activation(self.reads_body)))
+        return result.type().name() == "BOOL" and result.value() is True  # an error value (a key absent) is no match
+
+
+class MessageFacts:
+    """What a `when` sees of one message: as read, before any rule changed it. The body is
+    parsed once, and only for expressions that read it; one that is not JSON is absent."""
+
+    __slots__ = ("_body", "_facts", "_parsed")
+
+    def __init__(self, system: str, queue: str, destination: str, state: str, legacy_type: str, headers: dict[str, str],
+                 body: bytes | None) -> None:
+        self._facts: dict[str, Any] = {"system": system, "queue": queue, "destination": destination, "state": state,
+                                       TYPE_VAR: legacy_type, "headers": headers}
+        self._body, self._parsed = body, False
+
+    def activation(self, with_body: bool) -> dict[str, Any]:
+        if with_body and not self._parsed:
+            self._parsed = True
+            try:
+                self._facts["body"] = orjson.loads(self._body) if self._body else None
+            except orjson.JSONDecodeError:
+                pass  # not JSON: `body` is absent, and a `when` that reads it does not match
+            if self._facts.get("body") is None:
+                self._facts.pop("body", None)
+        return self._facts
+
+
+def _when(value: str | None) -> str | None:
+    if value is not None:
+        When(value)  # compiled and type-checked now; the mapping keeps its own compiled copy
+    return value
+
+
+class TypeRule(BaseModel):
+    """`[[types.rules]]`: a legacy type matched whole by `match` becomes `to` (\\1.. its groups;
+    a list: the EnclosedMessageTypes chain)."""
+
+    model_config = ConfigDict(extra="forbid")
+    match: str
+    to: str | list[str] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _compiles(self) -> TypeRule:
+        try:
+            pattern = re.compile(self.match)
+        except re.error as e:
+            raise ValueError(f"match {self.match!r} is not a regular expression: {e}") from None
+        for target in [self.to] if isinstance(self.to, str) else self.to:
+            for m in _GROUP_REF.finditer(target):
+                n = int(m.group(1) or m.group(2))
+                if n > pattern.groups:
+                    raise ValueError(f"to {target!r} names group \\{n}, and match {self.match!r} has {pattern.groups} group(s)")
+        return self
+
+    def apply(self, legacy_type: str) -> list[str] | None:
+        m = self.__dict__.get("_re") or self.__dict__.setdefault("_re", re.compile(self.match))
+        hit = m.fullmatch(legacy_type)
+        if hit is None:
+            return None
+        return [hit.expand(t) for t in ([self.to] if isinstance(self.to, str) else self.to)]
+
+
+class RouteRule(BaseModel):
+    """`[[routes.rules]]`: messages for which `when` holds go to `to`; tried before [routes]."""
+
+    model_config = ConfigDict(extra="forbid")
+    when: str | None = None
+    to: str
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return _when(value)
+
+    @field_validator("to")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        check_name(value, "route rule target")
+        return value
+
+
+class SkipRule(BaseModel):
+    """`[[skip]]`: messages for which `when` holds are skipped, counted under the rule's name."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    when: str | None = None
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return _when(value)
+
+
+def compiled(rule: RouteRule | SkipRule) -> When | None:
+    """The rule's `when`, compiled once per rule."""
+    if rule.when is None:
+        return None
+    found: When | None = rule.__dict__.get("_compiled")
+    if found is None:
+        found = rule.__dict__.setdefault("_compiled", When(rule.when))
+    return found

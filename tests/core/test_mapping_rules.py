@@ -1,0 +1,107 @@
+"""Mapping rules by pattern and by content (issue 47, the first rule kinds): `[[types.rules]]`
+(regex, groups, a chain), `[[routes.rules]]` and `[[skip]]` with a CEL `when` over the legacy
+message as read; each through `qbridge init`, `sync --once` and `verify` on SQLite, PostgreSQL and
+MariaDB legacy databases; and every bad rule is a located error, exit 2, before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.demo.samples import nginn_body, nginn_row
+from helpers import Bridge
+
+STORY = r"""
+[routes]
+"MQueue1" = "Orders"
+
+[[routes.rules]]
+when = 'headers["Region"] == "eu"'
+to = "OrdersEU"
+
+[[types.rules]]
+match = '^NGinn\.Shop\.(\w+), NGinn\.Shop$'
+to = 'Shop.Messages.\1, Shop.Messages'
+
+[[types.rules]]
+match = '^Legacy\.(\w+)$'
+to = ['Shop.Messages.\1, Shop.Messages', 'Shop.Messages.IEvent, Shop.Messages']
+
+[[skip]]
+name = "test traffic"
+when = '"X-Test" in headers && headers["X-Test"] == "true"'
+
+[[skip]]
+name = "big test orders"
+when = 'type.startsWith("NGinn.Shop.") && has(body.Test) && body.Test == true'
+"""
+
+
+def _rows(b: Bridge) -> list[dict]:
+    now = b.now_local()
+    return [
+        nginn_row("MQueue1", 1, now, headers="Region=eu", body=nginn_body("NGinn.Shop.PlaceOrder, NGinn.Shop", OrderNo=1)),
+        nginn_row("MQueue1", 2, now, headers="Region=us", body=nginn_body("NGinn.Shop.PlaceOrder, NGinn.Shop", OrderNo=2)),
+        nginn_row("MQueue1", 3, now, headers="X-Test=true|Region=eu", body=nginn_body("NGinn.Shop.PlaceOrder, NGinn.Shop")),
+        nginn_row("MQueue1", 4, now, headers="", body=nginn_body("Legacy.PriceChanged", Price=3)),
+        nginn_row("MQueue1", 5, now, headers="", body=nginn_body("NGinn.Shop.CancelOrder, NGinn.Shop", Test=True)),
+        nginn_row("MQueue1", 6, now, headers="", body=nginn_body("Other.Thing, Other")),
+    ]
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def story(request: pytest.FixtureRequest, tmp_path: Path) -> Bridge:
+    target = f"sqlite:///{tmp_path}/n.db"
+    if request.param == "sqlite":
+        b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", target, mapping=STORY)
+    elif request.param == "postgres":
+        b = Bridge(tmp_path, request.getfixturevalue("pg_server"), target, source_schema=request.getfixturevalue("pg_schema"),
+                   mapping=STORY)
+    else:
+        b = Bridge(tmp_path, request.getfixturevalue("mariadb_database"), target, mapping=STORY)
+    assert b.cli("init") == 0
+    return b
+
+
+def test_type_route_and_skip_rules_through_sync_and_verify(story: Bridge, capsys: pytest.CaptureFixture[str]) -> None:
+    b = story
+    b.insert(_rows(b))
+    assert b.cli("sync", "--once") == 0
+    eu, rest = b.rows("OrdersEU"), b.rows("Orders")
+    types = {r["headers"]["NServiceBus.CorrelationId"]: r["headers"]["NServiceBus.EnclosedMessageTypes"] for r in eu + rest}
+    assert [r["headers"]["NServiceBus.CorrelationId"] for r in eu] == ["corr-1"]  # routed by its header
+    assert sorted(r["headers"]["NServiceBus.CorrelationId"] for r in rest) == ["corr-2", "corr-4", "corr-6"]
+    assert types["corr-1"] == "Shop.Messages.PlaceOrder, Shop.Messages"  # a type rule with a group
+    assert types["corr-4"] == "Shop.Messages.PriceChanged, Shop.Messages;Shop.Messages.IEvent, Shop.Messages"  # a chain
+    assert types["corr-6"] == "Other.Thing, Other"  # no rule matched: as it was
+    assert b.ledger() == {"delivered": 4, "skipped": 2}
+    capsys.readouterr()
+    assert b.cli("verify", "--json") == 0
+    import json
+
+    [q] = json.loads(capsys.readouterr().out)["jobs"][0]["queues"]
+    assert q["skipped_by_rule"] == {"skip 'test traffic'": 1, "skip 'big test orders'": 1}, q
+
+
+BAD = {
+    "a regex that does not compile": ("[[types.rules]]\nmatch = '(unclosed'\nto = 'X'\n", "types.rules[0]", "not a regular expression"),
+    "a group the regex lacks": ("[[types.rules]]\nmatch = '^A\\.(\\w+)$'\nto = 'B.\\2'\n", "types.rules[0]", "names group \\2"),
+    "a when that does not compile": ("[[routes.rules]]\nwhen = 'headers['\nto = 'Orders'\n", "routes.rules[0].when", "does not compile"),
+    "a when that does not type-check": ("[[skip]]\nname = 'x'\nwhen = 'queue == 1'\n", "skip[0].when", "no matching overload"),
+    "a when that is no bool": ("[[skip]]\nname = 'x'\nwhen = 'type'\n", "skip[0].when", "must be true or false"),
+    "a variable that does not exist": ("[[skip]]\nname = 'x'\nwhen = 'nosuch == \"a\"'\n", "skip[0].when", "undeclared reference to 'nosuch'"),
+    "an unknown key in a rule": ("[[routes.rules]]\nto = 'Orders'\nwhere = 'x'\n", "routes.rules[0].where", "unknown key"),
+    "a skip rule without a name": ("[[skip]]\nwhen = 'true'\n", "skip[0].name", "required key is missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_rule_is_a_located_error_before_anything_runs(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text, where, what = BAD[case]
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", mapping='[routes]\n"*" = "Orders"\n' + text)
+    b.insert(b.ready(1))
+    assert b.cli("sync", "--once") == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "mapping.toml" in said and where in said and what in said, said
+    assert not (tmp_path / "n.db").exists() or b.count("Orders") == 0

@@ -4,8 +4,9 @@ The package is built in layers; a module imports only from its own package and t
 below it (tests/test_import_layers.py holds every module to that, docs/architecture.md draws it).
 From the bottom:
 
-- the core, this package's own modules: errors, timefmt, identifiers, settings_io, listen,
-  faults, mapping, model, config, db, retry, tracing. May import: nothing of qbridge but the core.
+- the core, this package's own modules: errors, timefmt, identifiers, settings_io, faults,
+  mapping, mapping_rules, model, config, db, retry, tracing. May import: nothing of qbridge but
+  the core.
 - codecs/: the legacy systems' wire formats (Java serialization, OpenJMS blobs, BizTalk
   context and parts, NGinn headers), the echo tag, legacy values as JSON.
 - schemas/: each system's tables, as that system creates them.

@@ -141,6 +141,8 @@ class JobConfig(BaseModel):
     # Steering (issue 38). At most this many messages a second ("200/s", "12000/m", "50/h"),
     # held across batches and schedules; `migrate` shares it out over its task slots.
     max_rate: str | None = None
+    # The mapping's [[transforms]] run code (issue 47): only where the job says so.
+    plugins: bool = False
     # Back-pressure: while a destination queue table holds more rows than this, the job holds its
     # messages, until the queue is below `resume_depth_percent` of it. A number for every queue
     # the job writes, or a table of queue -> number with "*" for the others.
@@ -226,7 +228,7 @@ class ServiceConfig(BaseModel):
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
         if value is not None:
-            from bridge.listen import parse_listen
+            from bridge.settings_io import parse_listen
 
             try:
                 parse_listen(value)
@@ -349,6 +351,10 @@ def load_config(path: str | Path) -> Config:
         if mapping_path is None:
             raise ConfigError(str(path), [f"jobs[{i}].mapping: file {job.mapping!r} not found (looked beside the config file and in the current directory)"])
         mappings[job.name] = load_mapping(mapping_path)
+        if mappings[job.name].transforms:
+            from bridge.mapping_rules import check_plugins
+
+            check_plugins(mappings[job.name], job.plugins, f"jobs[{i}]", str(mapping_path))
         limits = job.max_target_depth
         if isinstance(limits, dict) and not job.reverse:
             routed = set(mappings[job.name].target_queues())

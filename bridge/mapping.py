@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from bridge.errors import ConfigError
 from bridge.identifiers import check_name
-from bridge.mapping_rules import RouteRule, SkipRule, TypeRule
+from bridge.mapping_rules import BodyRule, HeaderRule, RouteRule, SkipRule, TransformRule, TtbrRule, TypeRule
 from bridge.settings_io import read_toml, validate
 
 Action = Literal["queue", "delayed", "error", "audit", "skip"]
@@ -85,6 +85,10 @@ class Mapping(BaseModel):
     type_rules: list[TypeRule] = Field(default_factory=list, alias="types.rules")
     route_rules: list[RouteRule] = Field(default_factory=list, alias="routes.rules")
     skip: list[SkipRule] = Field(default_factory=list)
+    header_rules: list[HeaderRule] = Field(default_factory=list, alias="headers.rules")
+    body: list[BodyRule] = Field(default_factory=list)
+    ttbr: list[TtbrRule] = Field(default_factory=list)
+    transforms: list[TransformRule] = Field(default_factory=list)
     states: States = Field(default_factory=States)
     jms: JmsOptions = Field(default_factory=JmsOptions)
     biztalk: BizTalkOptions = Field(default_factory=BizTalkOptions)
@@ -94,7 +98,7 @@ class Mapping(BaseModel):
     def _rule_lists(cls, data: object) -> object:
         if isinstance(data, dict):
             data = dict(data)
-            for table in ("types", "routes"):
+            for table in ("types", "routes", "headers"):
                 entries = data.get(table)
                 if isinstance(entries, dict) and "rules" in entries:
                     entries = dict(entries)
@@ -115,11 +119,26 @@ class Mapping(BaseModel):
             raise ValueError("[routes] is empty: add at least one 'legacy name' = 'TargetQueue' (or '*')")
         return self
 
+    @model_validator(mode="after")
+    def _rule_templates(self) -> Mapping:
+        for i, rule in enumerate(self.header_rules):
+            for name, template in rule.set.items():
+                try:
+                    check_template(template, name)
+                except ValueError as e:
+                    raise ValueError(f"headers.rules[{i}].set: {e}") from None
+        return self
+
     @property
     def per_message(self) -> bool:
         """Whether rules look at each message's content (headers, body): the columnar lane, which
         maps a group of like messages by one example, then leaves them to the per-row lanes."""
-        return bool(self.route_rules or self.skip)
+        return bool(self.route_rules or self.skip or self.reshapes)
+
+    @property
+    def reshapes(self) -> bool:
+        """Whether rules change a message's headers, body or expiry after [headers] (bridge.targets.reshape)."""
+        return bool(self.header_rules or self.body or self.ttbr or self.transforms)
 
     def route(self, candidates: list[str]) -> str | None:
         """The target queue of the first candidate with a route, else the `*` route."""

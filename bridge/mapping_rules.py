@@ -12,12 +12,17 @@ type `type`, so the expression is compiled with `type` spelled `_typ` where it i
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
+from datetime import timedelta
+from importlib.metadata import entry_points
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from bridge.errors import ConfigError
 from bridge.identifiers import check_name
 
 TYPE_VAR = "_typ"  # `type` as the compiled expression spells it
@@ -154,7 +159,7 @@ class SkipRule(BaseModel):
         return _when(value)
 
 
-def compiled(rule: RouteRule | SkipRule) -> When | None:
+def compiled(rule: Any) -> When | None:
     """The rule's `when`, compiled once per rule."""
     if rule.when is None:
         return None
@@ -162,3 +167,177 @@ def compiled(rule: RouteRule | SkipRule) -> When | None:
     if found is None:
         found = rule.__dict__.setdefault("_compiled", When(rule.when))
     return found
+
+
+def _when_checked(value: str | None) -> str | None:
+    return _when(value)
+
+
+_TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?$")
+
+
+def parse_timespan(text: str) -> timedelta:
+    """.NET TimeSpan text ("00:10:00", "1.02:00:00"), as NServiceBus.TimeToBeReceived is written."""
+    m = _TIMESPAN.match(text)
+    if m is None or int(m.group(3)) > 59 or int(m.group(4)) > 59:
+        raise ValueError(f"{text!r} is no TimeSpan: write [d.]hh:mm:ss[.fffffff] (\"00:10:00\"), \"keep\" or \"none\"")
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups()[:4])
+    fraction = int((m.group(5) or "0").ljust(7, "0")) / 10_000_000
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds + fraction)
+
+
+def _path(value: str, what: str) -> str:
+    if not value or any(not part for part in value.split(".")):
+        raise ValueError(f"{what} {value!r} is no field path (names joined by '.', as \"Order.Lines\")")
+    return value
+
+
+class BodyRule(BaseModel):
+    """`[[body]]`: JSON bodies of the messages `when` holds for, reshaped in this order: unwrap,
+    strip_types, rename, delete, set."""
+
+    model_config = ConfigDict(extra="forbid")
+    when: str | None = None
+    unwrap: str | None = None
+    strip_types: bool = False
+    rename: dict[str, str] = Field(default_factory=dict)
+    delete: list[str] = Field(default_factory=list)
+    set: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return _when_checked(value)
+
+    @model_validator(mode="after")
+    def _paths(self) -> BodyRule:
+        if self.unwrap is not None:
+            _path(self.unwrap, "unwrap")
+        for old, new in self.rename.items():
+            _path(old, "rename")
+            if not new or "." in new:
+                raise ValueError(f"rename {old!r} = {new!r}: the new name is a name at the same level, without '.'")
+        for p in [*self.delete, *self.set]:
+            _path(p, "path")
+        if not (self.unwrap or self.strip_types or self.rename or self.delete or self.set):
+            raise ValueError("a [[body]] rule does nothing: give unwrap, strip_types, rename, delete or set")
+        return self
+
+
+class HeaderRule(BaseModel):
+    """`[[headers.rules]]`: after [headers.rename/drop/set], in file order, for the messages
+    `when` holds for: rename, drop, set (templates as [headers.set]), from_body (a body field's
+    scalar value), replace (a regex and its replacement over a header's value)."""
+
+    model_config = ConfigDict(extra="forbid")
+    when: str | None = None
+    rename: dict[str, str] = Field(default_factory=dict)
+    drop: list[str] = Field(default_factory=list)
+    set: dict[str, str] = Field(default_factory=dict)
+    from_body: dict[str, str] = Field(default_factory=dict)
+    replace: dict[str, tuple[str, str]] = Field(default_factory=dict)
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return _when_checked(value)
+
+    @model_validator(mode="after")
+    def _checked(self) -> HeaderRule:
+        # `set`'s templates are checked by the Mapping, which knows the placeholders
+        for header, path in self.from_body.items():
+            _path(path, f"from_body {header!r}:")
+        for header, (pattern, replacement) in self.replace.items():
+            try:
+                compiled_re = re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"replace {header!r}: {pattern!r} is not a regular expression: {e}") from None
+            for m in _GROUP_REF.finditer(replacement):
+                if int(m.group(1) or m.group(2)) > compiled_re.groups:
+                    raise ValueError(f"replace {header!r}: {replacement!r} names a group {pattern!r} lacks")
+        if not (self.rename or self.drop or self.set or self.from_body or self.replace):
+            raise ValueError("a [[headers.rules]] rule does nothing: give rename, drop, set, from_body or replace")
+        return self
+
+
+class TtbrRule(BaseModel):
+    """`[[ttbr]]`: NServiceBus.TimeToBeReceived (and the Expires column) of the messages `when`
+    holds for, counted from their delivery; "keep" (the legacy expiry, as without rules) or
+    "none" (no expiry). The first that holds wins."""
+
+    model_config = ConfigDict(extra="forbid")
+    when: str | None = None
+    set: str
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return _when_checked(value)
+
+    @field_validator("set")
+    @classmethod
+    def _span(cls, value: str) -> str:
+        if value not in ("keep", "none"):
+            parse_timespan(value)
+        return value
+
+
+class TransformRule(BaseModel):
+    """`[[transforms]]`: a plugin, `module:function` or an entry point of group qbridge.transforms;
+    only where the job's config table says `plugins = true`. Runs last."""
+
+    model_config = ConfigDict(extra="forbid")
+    use: str = Field(min_length=1)
+    when: str | None = None
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        return _when_checked(value)
+
+
+# -- plugins: `module:function`, or the name of an entry point of group `qbridge.transforms`; loaded
+# when the config loads, so that a name that does not resolve is a located error before anything
+# runs, and only for a job whose config table says `plugins = true`, since a plugin is code
+GROUP = "qbridge.transforms"
+_LOADED: dict[str, Callable[[dict[str, Any]], Any]] = {}
+
+
+def load(use: str) -> Callable[[dict[str, Any]], Any]:
+    """The function `use` names; ValueError saying why when it does not resolve."""
+    found = _LOADED.get(use)
+    if found is not None:
+        return found
+    if ":" in use:
+        module, _, name = use.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except ImportError as e:
+            raise ValueError(f"use {use!r}: module {module!r} cannot be imported ({e})") from None
+        except AttributeError:
+            raise ValueError(f"use {use!r}: module {module!r} has no {name!r}") from None
+    else:
+        points = [ep for ep in entry_points(group=GROUP) if ep.name == use]
+        if not points:
+            raise ValueError(f"use {use!r}: no entry point of that name in group {GROUP!r} (or write module:function)")
+        fn = points[0].load()
+    if not callable(fn):
+        raise ValueError(f"use {use!r} is not a function")  # noqa: TRY004 - a located config error, as the others
+    _LOADED[use] = fn
+    return fn
+
+
+def check_plugins(mapping: Any, allowed: bool, job_where: str, mapping_path: str) -> None:
+    """Every plugin of the mapping resolves, and the job allows plugins: else a located error."""
+    if not allowed:
+        said = (f"[[transforms]] runs code, and {job_where} does not say `plugins = true` in the config (add it to the "
+                "job's table to allow them)")
+        raise ConfigError(mapping_path, [said])
+    problems = []
+    for i, rule in enumerate(mapping.transforms):
+        try:
+            load(rule.use)
+        except ValueError as e:
+            problems.append(f"transforms[{i}].use: {e}")
+    if problems:
+        raise ConfigError(mapping_path, problems)

@@ -1,16 +1,19 @@
-"""Reading TOML files into pydantic models with errors that name the file and the key."""
+"""Reading settings: TOML files into pydantic models with errors that name the file and the key, and
+the HOST:PORT a listener is given."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from bridge.errors import ConfigError
+from bridge.errors import ConfigError, UsageError
 
 M = TypeVar("M", bound=BaseModel)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -70,3 +73,34 @@ def _describe(err: Any) -> str:
     if err["type"] not in ("missing", "extra_forbidden") and "input" in err and not isinstance(err["input"], dict):
         msg += f" (got {err['input']!r})"
     return f"{loc or '(top level)'}: {msg}"
+
+
+# -- the HOST:PORT a `qbridge run` listens on: parsed where the config is read and where the listener
+# starts, so it sits below both (config must not import the metrics server)
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 in brackets); UsageError naming what is wrong."""
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:  # 0: any free port
+        raise UsageError(f"--listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:9464")
+    return host, int(port)
+
+
+def loopback_host(header: str | None) -> bool:
+    """Whether an HTTP Host header names this machine's loopback (or is absent, as from HTTP/1.0)."""
+    if not header:
+        return True
+    try:
+        name = urlsplit("//" + header).hostname
+    except ValueError:
+        return False
+    return name is not None and is_loopback(name)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

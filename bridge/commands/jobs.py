@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, runners = runners_of(args)
     listen = args.listen or (config.service.listen if config.service else None)
     if listen:
-        from bridge.listen import parse_listen
+        from bridge.settings_io import parse_listen
 
         parse_listen(listen)  # a bad address is a usage error before anything starts
     return run_until_stopped(runners, listen, str(args.config), config_path=str(args.config), job=args.job, hup=hup)

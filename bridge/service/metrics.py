@@ -27,11 +27,11 @@ from prometheus_client.registry import Collector
 
 from bridge.errors import UsageError
 from bridge.ledger import job_state
-from bridge.listen import is_loopback, loopback_host, parse_listen
 from bridge.service.page_actions import PageActions
 from bridge.service.status_cache import StatusCache
 from bridge.service.statuspage import History, render
 from bridge.service.view import WorkerView
+from bridge.settings_io import is_loopback, loopback_host, parse_listen
 
 log = logging.getLogger("qbridge.metrics")
 TOKEN_ENV = "QBRIDGE_TOKEN"

@@ -17,6 +17,7 @@ from bridge.mapping_rules import MessageFacts, compiled
 from bridge.model import MESSAGE_MAX, CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.schemas.nservicebus import TargetTables
 from bridge.targets.base import Skipped
+from bridge.targets.reshape import Reshaped, reshape
 from bridge.timefmt import timespan, to_wire, utcnow
 
 
@@ -46,8 +47,11 @@ def envelope(
         return Skipped(f"state {msg.state} -> skip")
     src = msg.source
     types, routed = routing(msg.enclosed_types, msg.destination, src.queue, mapping)
+    facts = None
     if mapping.per_message:
-        decided = content_rules(mapping, src.system, src.queue, msg.destination, msg.state, msg.enclosed_types, msg.headers, msg.body)
+        facts = MessageFacts(src.system, src.queue, msg.destination, msg.state, msg.enclosed_types[0] if msg.enclosed_types else "",
+                             msg.headers, msg.body)
+        decided = content_rules(mapping, facts)
         if isinstance(decided, Skipped):
             return decided
         routed = decided or routed
@@ -86,7 +90,14 @@ def envelope(
         headers.update(part_headers(msg))
     if mapping.headers.set:
         _set_headers(headers, mapping, src.system, src.database, src.queue, src.key, mid, routed, msg.state, types)
-    return Outgoing(kind, queue, headers, msg.body, expires, due)
+    body = msg.body
+    if facts is not None and mapping.reshapes:
+        out = Reshaped(headers, body, expires)
+        values = _values(src.system, src.database, src.queue, src.key, mid, routed, msg.state, types)
+        if (skipped := reshape(mapping, facts, out, values, kind == "queue" and action == "queue", msg.state, queue)) is not None:
+            return skipped
+        headers, body, expires = out.headers, out.body, out.expires
+    return Outgoing(kind, queue, headers, body, expires, due)
 
 
 def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, target: TargetConfig,
@@ -102,8 +113,11 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
             or (action == "delayed" and msg.due is None) or (action == "error" and msg.failure is None)):
         return None
     types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
+    facts = None
     if mapping.per_message:
-        decided = content_rules(mapping, msg.system, msg.queue, msg.destination, msg.state, msg.enclosed_types, msg.headers, msg.body)
+        facts = MessageFacts(msg.system, msg.queue, msg.destination, msg.state, msg.enclosed_types[0] if msg.enclosed_types else "",
+                             msg.headers, msg.body)
+        decided = content_rules(mapping, facts)
         if isinstance(decided, Skipped):
             return decided
         routed = decided or routed
@@ -121,7 +135,12 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
         headers.update(_failure_headers(msg.failure, msg.state, msg.system, msg.database, tables, routed))
     if mapping.headers.set:
         _set_headers(headers, mapping, msg.system, msg.database, msg.queue, msg.key, mid, routed, msg.state, types)
-    return Outgoing("queue" if due is None else "delayed", queue, headers, msg.body, None, due)
+    out = Reshaped(headers, msg.body, None)
+    if facts is not None and mapping.reshapes:
+        values = _values(msg.system, msg.database, msg.queue, msg.key, mid, routed, msg.state, types)
+        if (skipped := reshape(mapping, facts, out, values, due is None and action == "queue", msg.state, queue)) is not None:
+            return skipped
+    return Outgoing("queue" if due is None else "delayed", queue, out.headers, out.body, out.expires, due)
 
 
 def _common_headers(legacy: dict[str, str], mapping: Mapping, tables: TargetTables, translated: frozenset[str], mid: str,
@@ -151,21 +170,24 @@ def _common_headers(legacy: dict[str, str], mapping: Mapping, tables: TargetTabl
     return h
 
 
+def _values(system: str, database: str, queue: str, key: str, mid: str, routed: str, state: str, types: list[str]) -> dict[str, str]:
+    """What a header template's placeholders stand for."""
+    return {"system": system, "database": database, "queue": queue, "key": key, "message_id": mid,
+            "destination": routed, "state": state, "type": types[0] if types else ""}
+
+
 def _set_headers(headers: dict[str, str], mapping: Mapping, system: str, database: str, queue: str, key: str, mid: str,
                  routed: str, state: str, types: list[str]) -> None:
     """`[headers.set]`: templates over the message's coordinates and its other headers."""
-    values = {"system": system, "database": database, "queue": queue, "key": key, "message_id": mid,
-              "destination": routed, "state": state, "type": types[0] if types else ""}
+    values = _values(system, database, queue, key, mid, routed, state, types)
     for name, template in mapping.headers.set.items():
         headers[name] = render_template(template, values, headers)
 
 
-def content_rules(mapping: Mapping, system: str, queue: str, destination: str, state: str, enclosed_types: Sequence[str],
-                  headers: dict[str, str], body: bytes | None) -> Skipped | str | None:
+def content_rules(mapping: Mapping, facts: MessageFacts) -> Skipped | str | None:
     """`[[skip]]` then `[[routes.rules]]`, in file order, over the message as read: Skipped
     (with the rule's name) by the first skip rule that holds, else the queue of the first route
     rule that holds, else None ([routes] decides)."""
-    facts = MessageFacts(system, queue, destination, state, enclosed_types[0] if enclosed_types else "", headers, body)
     for rule in mapping.skip:
         when = compiled(rule)
         if when is None or when.matches(facts):

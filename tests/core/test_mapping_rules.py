@@ -105,3 +105,118 @@ def test_a_bad_rule_is_a_located_error_before_anything_runs(case: str, tmp_path:
     said = " ".join(capsys.readouterr().err.split())
     assert "mapping.toml" in said and where in said and what in said, said
     assert not (tmp_path / "n.db").exists() or b.count("Orders") == 0
+
+
+RESHAPE = r"""
+[routes]
+"*" = "Orders"
+
+[[body]]
+when = 'type.startsWith("NGinn.Shop.")'
+strip_types = true
+rename = { "OrderNo" = "OrderId", "Customer.Nm" = "Name" }
+delete = ["Internal.Audit"]
+set = { "SchemaVersion" = 2, "Meta.Source" = "nginn" }
+
+[[body]]
+when = 'type == "Wrapped.Envelope, Wrapped"'
+unwrap = "message"
+
+[[headers.rules]]
+when = 'queue == "MQueue1"'
+set = { "NServiceBus.OriginatingEndpoint" = "Legacy.Shop", "Acme.Queue" = "{queue}" }
+from_body = { "NServiceBus.ConversationId" = "ConversationId" }
+replace = { "NServiceBus.ReplyToAddress" = ['^"?Sender.*$', 'Sender.Migrated'] }
+
+[[ttbr]]
+when = 'type.startsWith("NGinn.Shop.PriceChanged")'
+set = "00:10:00"
+
+[[ttbr]]
+when = 'type.startsWith("NGinn.Shop.")'
+set = "none"
+
+[[transforms]]
+use = "tests.plugin_sample:fix_order"
+when = 'type.startsWith("NGinn.Shop.")'
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
+def reshaping(request: pytest.FixtureRequest, tmp_path: Path) -> Bridge:
+    target = f"sqlite:///{tmp_path}/n.db"
+    kw = {"mapping": RESHAPE, "extra": "plugins = true\n"}
+    if request.param == "sqlite":
+        b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", target, **kw)
+    elif request.param == "postgres":
+        b = Bridge(tmp_path, request.getfixturevalue("pg_server"), target, source_schema=request.getfixturevalue("pg_schema"), **kw)
+    else:
+        b = Bridge(tmp_path, request.getfixturevalue("mariadb_database"), target, **kw)
+    assert b.cli("init") == 0
+    return b
+
+
+def test_body_header_ttbr_and_plugin_rules_through_sync(reshaping: Bridge) -> None:
+    import orjson
+
+    b = reshaping
+    now = b.now_local()
+    shop = "NGinn.Shop.PlaceOrder, NGinn.Shop"
+    b.insert([
+        nginn_row("MQueue1", 1, now, body=nginn_body(shop, OrderNo=7, ConversationId="conv-7", Customer={"$type": "C", "Nm": "Ann"},
+                                                         Internal={"Audit": "x", "Keep": 1})),
+        nginn_row("MQueue1", 2, now, body=nginn_body("NGinn.Shop.PriceChanged, NGinn.Shop", Price=3)),
+        nginn_row("MQueue1", 3, now, body=orjson.dumps({"$type": "Wrapped.Envelope, Wrapped", "message": {"A": 1}}).decode()),
+        nginn_row("MQueue1", 4, now, body=nginn_body(shop, Cancelled=True)),                      # the plugin skips it
+        nginn_row("MQueue1", 5, now, body=nginn_body(shop, Explode=True)),                        # the plugin raises
+        nginn_row("MQueue1", 6, now, body=nginn_body(shop, ConversationId={"not": "scalar"})),    # from_body: no scalar
+    ])
+    assert b.cli("sync", "--once") == 0
+    rows = {r["headers"]["NServiceBus.CorrelationId"]: r for r in b.rows("Orders")}
+    assert sorted(rows) == ["corr-1", "corr-2", "corr-3"]
+    one = rows["corr-1"]
+    assert orjson.loads(one["body"]) == {"OrderId": 7, "ConversationId": "conv-7", "Customer": {"Name": "Ann"},
+                                         "Internal": {"Keep": 1}, "SchemaVersion": 2, "Meta": {"Source": "nginn"}, "Fixed": True}
+    h = one["headers"]
+    assert h["NServiceBus.OriginatingEndpoint"] == "Legacy.Shop" and h["Acme.Queue"] == "MQueue1" and h["Acme.Fixed"] == "yes"
+    assert h["NServiceBus.ConversationId"] == "conv-7"
+    assert "NServiceBus.TimeToBeReceived" not in h and one["expires"] is None  # ttbr "none"
+    two = rows["corr-2"]
+    assert two["headers"]["NServiceBus.TimeToBeReceived"] == "00:10:00" and two["expires"] is not None
+    assert orjson.loads(rows["corr-3"]["body"]) == {"A": 1}  # unwrapped
+    assert b.ledger() == {"delivered": 3, "skipped": 1, "quarantined": 2}
+    with b.target.connect() as conn:
+        import sqlalchemy as sa
+
+        reasons = sorted(r[0] for r in conn.execute(sa.text("select reason from qbridge_quarantine")))
+    assert any("transforms[0] (tests.plugin_sample:fix_order) raised ValueError: cannot fix an exploding order" in r for r in reasons), reasons
+    assert any("headers.rules[0].from_body 'NServiceBus.ConversationId'" in r and "not a string" in r for r in reasons), reasons
+
+
+MORE_BAD = {
+    "a body rule that does nothing": ("[[body]]\nwhen = 'true'\n", "body[0]", "does nothing"),
+    "a rename to a path": ("[[body]]\nrename = { 'A' = 'B.C' }\n", "body[0]", "a name at the same level"),
+    "a ttbr that is no TimeSpan": ("[[ttbr]]\nset = '10 minutes'\n", "ttbr[0].set", "no TimeSpan"),
+    "a replace whose regex does not compile": ("[[headers.rules]]\nreplace = { 'H' = ['(', 'x'] }\n", "headers.rules[0]",
+                                               "not a regular expression"),
+    "a header template with an unknown placeholder": ("[[headers.rules]]\nset = { 'H' = '{nope}' }\n", "headers.rules[0]",
+                                                      "unknown placeholder"),
+    "plugins the job does not allow": ("[[transforms]]\nuse = 'tests.plugin_sample:fix_order'\n", "plugins = true", "runs code"),
+}
+
+
+@pytest.mark.parametrize("case", list(MORE_BAD))
+def test_more_bad_rules_are_located_errors(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text, where, what = MORE_BAD[case]
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", mapping='[routes]\n"*" = "Orders"\n' + text)
+    assert b.cli("sync", "--once") == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "mapping.toml" in said and where in said and what in said, said
+
+
+def test_a_plugin_that_does_not_resolve_is_a_located_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", extra="plugins = true\n",
+               mapping='[routes]\n"*" = "Orders"\n[[transforms]]\nuse = "tests.plugin_sample:nope"\n')
+    assert b.cli("sync", "--once") == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "transforms[0].use" in said and "has no 'nope'" in said, said

@@ -1,0 +1,176 @@
+"""What the reshaping rules of a mapping do to a message on its way to NServiceBus (issue 47), after
+[headers] made its headers: `[[body]]`, then `[[headers.rules]]`, then `[[ttbr]]`, then the
+plugins of `[[transforms]]`, each in file order and only where its `when` holds (over the message
+as read, bridge.mapping_rules). A rule that cannot apply to a message (a body rule on a body that
+is not JSON, a header from a body field that is not a scalar, a plugin that raises) quarantines
+that message, naming the rule; the messages beside it go on."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from bridge.errors import BadRow
+from bridge.mapping import Mapping, render_template
+from bridge.mapping_rules import BodyRule, MessageFacts, compiled, parse_timespan
+from bridge.targets.base import Skipped
+from bridge.timefmt import timespan, utcnow
+
+TTBR = "NServiceBus.TimeToBeReceived"
+_NOTHING = object()
+
+
+class Reshaped:
+    """A message's headers, body and expiry, as the rules leave them."""
+
+    __slots__ = ("body", "expires", "headers")
+
+    def __init__(self, headers: dict[str, str], body: bytes | None, expires: datetime | None) -> None:
+        self.headers, self.body, self.expires = headers, body, expires
+
+
+def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[str, str], queued: bool, state: str,
+            queue: str) -> Skipped | None:
+    """Applies the rules to `out` in place; Skipped when a plugin skips the message. `values`:
+    the message's coordinates for header templates; `queued`: it goes to its routed queue (the
+    only place a TTBR applies: delayed, error and audit rows never expire)."""
+    doc: Any = _NOTHING
+    for i, rule in enumerate(mapping.body):
+        if not _holds(rule, facts):
+            continue
+        if doc is _NOTHING:
+            doc = _parsed(out.body, f"body[{i}]")
+        doc = _body(rule, doc)
+    for i, hrule in enumerate(mapping.header_rules):
+        if not _holds(hrule, facts):
+            continue
+        h = out.headers
+        for old, new in hrule.rename.items():
+            if old in h:
+                h[new] = h.pop(old)
+        for pattern in hrule.drop:
+            for name in [n for n in h if fnmatch.fnmatchcase(n, pattern)]:
+                del h[name]
+        for name, template in hrule.set.items():
+            h[name] = render_template(template, values, h)
+        for name, path in hrule.from_body.items():
+            if doc is _NOTHING:
+                doc = _parsed(out.body, f"headers.rules[{i}].from_body")
+            value = _get(doc, path)
+            if value is _NOTHING:
+                continue
+            if isinstance(value, (dict, list)) or value is None:
+                raise BadRow(f"headers.rules[{i}].from_body {name!r}: body field {path!r} holds "
+                             f"{'null' if value is None else type(value).__name__}, not a string, number or boolean")
+            h[name] = value if isinstance(value, str) else orjson.dumps(value).decode()
+        for name, (pattern, replacement) in hrule.replace.items():
+            if name in h:
+                h[name] = re.sub(pattern, replacement, h[name])
+    if queued:
+        for trule in mapping.ttbr:
+            if _holds(trule, facts):
+                if trule.set == "none":
+                    out.expires = None
+                    out.headers.pop(TTBR, None)
+                elif trule.set != "keep":
+                    span = parse_timespan(trule.set)
+                    out.expires = utcnow() + span
+                    out.headers[TTBR] = timespan(span)
+                break
+    if doc is not _NOTHING:
+        out.body = orjson.dumps(doc)
+    return _transforms(mapping, facts, out, state, queue) if mapping.transforms else None
+
+
+def _holds(rule: Any, facts: MessageFacts) -> bool:
+    when = compiled(rule)
+    return when is None or when.matches(facts)
+
+
+def _parsed(body: bytes | None, where: str) -> Any:
+    try:
+        return orjson.loads(body or b"")
+    except orjson.JSONDecodeError:
+        raise BadRow(f"{where}: the rule applies to this message, and its body is not JSON") from None
+
+
+def _get(doc: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return _NOTHING
+        doc = doc[part]
+    return doc
+
+
+def _parent(doc: Any, path: str, make: bool = False) -> tuple[dict[str, Any] | None, str]:
+    *parents, last = path.split(".")
+    for part in parents:
+        if not isinstance(doc, dict):
+            return None, last
+        if part not in doc and make:
+            doc[part] = {}
+        doc = doc.get(part)
+    return (doc if isinstance(doc, dict) else None), last
+
+
+def _strip(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _strip(v) for k, v in doc.items() if k != "$type"}
+    if isinstance(doc, list):
+        return [_strip(v) for v in doc]
+    return doc
+
+
+def _body(rule: BodyRule, doc: Any) -> Any:
+    if rule.unwrap is not None:
+        inner = _get(doc, rule.unwrap)
+        if inner is not _NOTHING:
+            doc = inner
+    if rule.strip_types:
+        doc = _strip(doc)
+    for old, new in rule.rename.items():
+        parent, last = _parent(doc, old)
+        if parent is not None and last in parent:
+            # the renamed field keeps its place among its siblings
+            items = list(parent.items())
+            parent.clear()
+            parent.update((new if k == last else k, v) for k, v in items)
+    for path in rule.delete:
+        parent, last = _parent(doc, path)
+        if parent is not None:
+            parent.pop(last, None)
+    for path, value in rule.set.items():
+        parent, last = _parent(doc, path, make=True)
+        if parent is not None:
+            parent[last] = value
+    return doc
+
+
+def _transforms(mapping: Mapping, facts: MessageFacts, out: Reshaped, state: str, queue: str) -> Skipped | None:
+    from bridge.mapping_rules import load
+
+    for i, rule in enumerate(mapping.transforms):
+        if not _holds(rule, facts):
+            continue
+        try:
+            body: Any = orjson.loads(out.body or b"")
+        except orjson.JSONDecodeError:
+            body = out.body
+        message = {"headers": dict(out.headers), "body": body, "type": out.headers.get("NServiceBus.EnclosedMessageTypes", ""),
+                   "queue": queue, "state": state}
+        try:
+            result = load(rule.use)(message)
+        except Exception as e:  # noqa: BLE001 - a plugin's failure quarantines its message, named
+            raise BadRow(f"transforms[{i}] ({rule.use}) raised {type(e).__name__}: {e}") from None
+        if result is None:
+            return Skipped(f"transforms[{i}] ({rule.use}) skipped it")
+        if not isinstance(result, dict) or not isinstance(result.get("headers"), dict):
+            raise BadRow(f"transforms[{i}] ({rule.use}) returned {type(result).__name__}, not the message dict (or None)")
+        out.headers = {str(k): str(v) for k, v in result["headers"].items()}
+        new_body = result.get("body")
+        out.body = new_body if isinstance(new_body, (bytes, type(None))) else orjson.dumps(new_body)
+    return None

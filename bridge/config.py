@@ -351,6 +351,11 @@ def load_config(path: str | Path) -> Config:
         if mapping_path is None:
             raise ConfigError(str(path), [f"jobs[{i}].mapping: file {job.mapping!r} not found (looked beside the config file and in the current directory)"])
         mappings[job.name] = load_mapping(mapping_path)
+        rules = mappings[job.name].rule_kinds()
+        if job.reverse and rules:
+            raise ConfigError(str(mapping_path), [f"{kind}: jobs[{i}] ({job.name!r}) is a reverse job, and these rules reshape "
+                                                  "messages on their way to NServiceBus only; move them to a forward job's mapping"
+                                                  for kind in rules])
         if mappings[job.name].transforms:
             from bridge.mapping_rules import check_plugins
 

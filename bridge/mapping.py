@@ -135,6 +135,12 @@ class Mapping(BaseModel):
         maps a group of like messages by one example, then leaves them to the per-row lanes."""
         return bool(self.route_rules or self.skip or self.reshapes)
 
+    def rule_kinds(self) -> list[str]:
+        """The rule tables of issue 47 this mapping has, as the file names them."""
+        kinds = {"types.rules": self.type_rules, "routes.rules": self.route_rules, "skip": self.skip,
+                 "headers.rules": self.header_rules, "body": self.body, "ttbr": self.ttbr, "transforms": self.transforms}
+        return [name for name, rules in kinds.items() if rules]
+
     @property
     def reshapes(self) -> bool:
         """Whether rules change a message's headers, body or expiry after [headers] (bridge.targets.reshape)."""
@@ -149,6 +155,12 @@ class Mapping(BaseModel):
 
     def map_type(self, legacy_type: str) -> str:
         return self.map_types(legacy_type)[0]
+
+    def type_rule_of(self, legacy_type: str) -> int | None:
+        """The index of the `[[types.rules]]` entry that maps `legacy_type` (None: an exact entry or none does)."""
+        if legacy_type in self.types:
+            return None
+        return next((i for i, rule in enumerate(self.type_rules) if rule.apply(legacy_type) is not None), None)
 
     def map_types(self, legacy_type: str) -> list[str]:
         """[types] first (exact), then `[[types.rules]]` in file order (the first that matches

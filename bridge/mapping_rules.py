@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import Any
@@ -157,6 +158,18 @@ class SkipRule(BaseModel):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         return _when(value)
+
+
+# The rules that matched the message being mapped, where someone asks (preview, `qbridge map`):
+# None elsewhere, so that a batch pays nothing for it.
+MATCHED: ContextVar[list[str] | None] = ContextVar("qbridge_rules_matched", default=None)
+
+
+def matched(label: str) -> None:
+    """Notes that rule `label` ("skip[0] 'test traffic'", "body[1]") applied to the message being mapped."""
+    seen = MATCHED.get()
+    if seen is not None:
+        seen.append(label)
 
 
 def compiled(rule: Any) -> When | None:

@@ -22,6 +22,7 @@ HANDLERS: dict[str, str] = {
     "demo": "bridge.commands.main:cmd_demo",
     "discover": "bridge.commands.discover:discover_command",
     "preview": "bridge.commands.preview:preview_command",
+    "map": "bridge.commands.mapone:cmd_map",
     "init": "bridge.commands.books:cmd_init",
     "migrate": "bridge.commands.jobs:cmd_migrate",
     "sync": "bridge.commands.jobs:cmd_sync",
@@ -75,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     pv = cmd("preview", "what migrate would do, read and mapped as it would, writing nothing anywhere (SELECT rights suffice)")
     pv.add_argument("--json", action="store_true", help="one JSON document on stdout")
     pv.add_argument("--fail-on", choices=["quarantine"], help="quarantine: exit 1 when anything would be quarantined (a gate before a cutover)")
+    mp = cmd("map", "what one legacy row becomes: its route, headers, body and TTBR, or its skip or quarantine, and the rules behind it (writes nothing)")
+    mp.add_argument("--queue", required=True, help="the legacy queue of the job the row is in")
+    mp.add_argument("--key", required=True, help="the row's source key, as `quarantine list` and preview show it")
+    mp.add_argument("--json", action="store_true", help="one JSON document on stdout")
     rb = cmd("rollback", "withdraw what a job delivered that no endpoint has taken yet; the ledger forgets it, so a later migrate or sync delivers it again once")
     rb.add_argument("--queue", help="only this legacy queue of the job")
     rb.add_argument("--dry-run", action="store_true", help="say what would be withdrawn and what cannot be, change nothing")

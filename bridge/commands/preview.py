@@ -81,6 +81,8 @@ def _print(p: JobPreview) -> None:
             say(f"{q.queue}: not read: {q.problem}")
         for reason, r in sorted(q.quarantined.items(), key=lambda kv: -kv[1]["count"]):
             say(f"{q.queue}: would quarantine {r['count']:,} ({reason}), e.g. keys {', '.join(r['examples'])}")
+        for rule, n in sorted(q.rules.items()):
+            say(f"{q.queue}: rule {rule} applies to {n:,} rows, e.g. key {q.rule_examples[rule]}")
         for name, n in q.untyped.most_common(20):
             say(f"{q.queue}: type {name!r} ({n:,} rows) has no [types] entry: passed through as it is")
     for s in p.subscriptions:

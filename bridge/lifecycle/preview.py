@@ -30,6 +30,7 @@ from bridge.config import Config
 from bridge.db import read_only_engine
 from bridge.errors import SourceSchemaError
 from bridge.ledger.upgrade import require_current
+from bridge.mapping_rules import MATCHED
 from bridge.pipeline.cpus import usable_cpus
 from bridge.pipeline.loop import JobRunner
 from bridge.sources import Source, SourceRow
@@ -54,6 +55,8 @@ class QueuePreview:
     already: int = 0  # in the ledger: delivered, skipped or quarantined before
     quarantined: dict[str, dict[str, Any]] = field(default_factory=dict)  # reason -> {"count", "examples"}
     untyped: Counter[str] = field(default_factory=Counter)  # legacy types with no [types] entry
+    rules: Counter[str] = field(default_factory=Counter)  # a rule of the mapping ("skip[0] 'test'") -> rows it applied to
+    rule_examples: dict[str, str] = field(default_factory=dict)  # a rule -> the source key of a row it applied to
     head_only: bool = False  # a reverse job's proxy queue: its first QUEUE_HEAD rows
     problem: str | None = None  # why it could not be read (a table missing), said instead of counts
 
@@ -86,6 +89,9 @@ class QueuePreview:
         for name, n in part.untyped.items():
             if name in self.untyped or len(self.untyped) < TYPES:
                 self.untyped[name] += n
+        self.rules.update(part.rules)
+        for rule, key in part.rule_examples.items():
+            self.rule_examples.setdefault(rule, key)
 
 
 @dataclass
@@ -231,11 +237,23 @@ def _count(runner: JobRunner, source: Source, tconn: sa.Connection | None, rows:
         if key in known:
             q.already += 1
             continue
-        state, enclosed, result, reason = _map(runner, source, row, translated)
+        seen: list[str] = []
+        token = MATCHED.set(seen)
+        try:
+            state, enclosed, result, reason = _map(runner, source, row, translated)
+        finally:
+            MATCHED.reset(token)
         q.states[state] += 1
         for t in enclosed:
-            if t not in types and (t in q.untyped or len(q.untyped) < TYPES):
+            by_rule = runner.mapping.type_rule_of(t) if runner.mapping.type_rules else None
+            if by_rule is not None:
+                if result is not None and not isinstance(result, Skipped):  # types are mapped for what is delivered
+                    seen.append(f"types.rules[{by_rule}]")
+            elif t not in types and (t in q.untyped or len(q.untyped) < TYPES):
                 q.untyped[t] += 1
+        for rule in dict.fromkeys(seen):
+            q.rules[rule] += 1
+            q.rule_examples.setdefault(rule, key)
         if result is None:
             q.quarantine(reason, key)
         elif isinstance(result, Skipped):

@@ -13,7 +13,7 @@ from bridge.codecs.echo import ECHO_HEADER, echo_of
 from bridge.config import TargetConfig
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
-from bridge.mapping_rules import MessageFacts, compiled
+from bridge.mapping_rules import MessageFacts, compiled, matched
 from bridge.model import MESSAGE_MAX, CanonicalMessage, Failure, FailureInfo, PlainMessage
 from bridge.schemas.nservicebus import TargetTables
 from bridge.targets.base import Skipped
@@ -188,13 +188,15 @@ def content_rules(mapping: Mapping, facts: MessageFacts) -> Skipped | str | None
     """`[[skip]]` then `[[routes.rules]]`, in file order, over the message as read: Skipped
     (with the rule's name) by the first skip rule that holds, else the queue of the first route
     rule that holds, else None ([routes] decides)."""
-    for rule in mapping.skip:
+    for i, rule in enumerate(mapping.skip):
         when = compiled(rule)
         if when is None or when.matches(facts):
+            matched(f"skip[{i}] {rule.name!r}")
             return Skipped(f"skip {rule.name!r}")
-    for route in mapping.route_rules:
+    for i, route in enumerate(mapping.route_rules):
         when = compiled(route)
         if when is None or when.matches(facts):
+            matched(f"routes.rules[{i}]")
             return route.to
     return None
 

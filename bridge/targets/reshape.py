@@ -16,7 +16,7 @@ import orjson
 
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
-from bridge.mapping_rules import BodyRule, MessageFacts, compiled, parse_timespan
+from bridge.mapping_rules import BodyRule, MessageFacts, compiled, matched, parse_timespan
 from bridge.targets.base import Skipped
 from bridge.timefmt import timespan, utcnow
 
@@ -40,13 +40,13 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
     only place a TTBR applies: delayed, error and audit rows never expire)."""
     doc: Any = _NOTHING
     for i, rule in enumerate(mapping.body):
-        if not _holds(rule, facts):
+        if not _holds(rule, facts, f"body[{i}]"):
             continue
         if doc is _NOTHING:
             doc = _parsed(out.body, f"body[{i}]")
         doc = _body(rule, doc)
     for i, hrule in enumerate(mapping.header_rules):
-        if not _holds(hrule, facts):
+        if not _holds(hrule, facts, f"headers.rules[{i}]"):
             continue
         h = out.headers
         for old, new in hrule.rename.items():
@@ -71,8 +71,8 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
             if name in h:
                 h[name] = re.sub(pattern, replacement, h[name])
     if queued:
-        for trule in mapping.ttbr:
-            if _holds(trule, facts):
+        for i, trule in enumerate(mapping.ttbr):
+            if _holds(trule, facts, f"ttbr[{i}]"):
                 if trule.set == "none":
                     out.expires = None
                     out.headers.pop(TTBR, None)
@@ -86,9 +86,12 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
     return _transforms(mapping, facts, out, state, queue) if mapping.transforms else None
 
 
-def _holds(rule: Any, facts: MessageFacts) -> bool:
+def _holds(rule: Any, facts: MessageFacts, label: str) -> bool:
     when = compiled(rule)
-    return when is None or when.matches(facts)
+    if when is None or when.matches(facts):
+        matched(label)
+        return True
+    return False
 
 
 def _parsed(body: bytes | None, where: str) -> Any:
@@ -154,7 +157,7 @@ def _transforms(mapping: Mapping, facts: MessageFacts, out: Reshaped, state: str
     from bridge.mapping_rules import load
 
     for i, rule in enumerate(mapping.transforms):
-        if not _holds(rule, facts):
+        if not _holds(rule, facts, f"transforms[{i}]"):
             continue
         try:
             body: Any = orjson.loads(out.body or b"")

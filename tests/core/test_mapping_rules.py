@@ -11,6 +11,7 @@ import pytest
 
 from bridge.demo.samples import nginn_body, nginn_row
 from helpers import Bridge
+from tests.systems.test_reverse_nginn import two_way  # noqa: F401 - the fixture
 
 STORY = r"""
 [routes]
@@ -220,3 +221,37 @@ def test_a_plugin_that_does_not_resolve_is_a_located_error(tmp_path: Path, capsy
     assert b.cli("sync", "--once") == 2
     said = " ".join(capsys.readouterr().err.split())
     assert "transforms[0].use" in said and "has no 'nope'" in said, said
+
+
+def test_map_shows_one_row_and_preview_counts_each_rule(story: Bridge, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    b = story
+    ids = b.insert(_rows(b))
+    capsys.readouterr()
+    assert b.cli("map", "--job", "job1", "--queue", "MQueue1", "--key", str(ids[0]), "--json") == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["outcome"] == "delivered" and shown["table"] == "OrdersEU", shown
+    assert shown["rules"] == ["types.rules[0]", "routes.rules[0]"], shown
+    assert shown["headers"]["NServiceBus.EnclosedMessageTypes"] == "Shop.Messages.PlaceOrder, Shop.Messages"
+    assert shown["body"]["OrderNo"] == 1
+    assert b.cli("map", "--job", "job1", "--queue", "MQueue1", "--key", str(ids[2])) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "skipped: skip 'test traffic'" in said and "rules applied: skip[0] 'test traffic'" in said, said
+    assert b.cli("map", "--job", "job1", "--queue", "MQueue1", "--key", "999999") == 1  # no such row
+    assert b.count("OrdersEU") == 0 and b.ledger() == {}  # map writes nothing
+    capsys.readouterr()
+    assert b.cli("preview", "--json") == 0
+    [q] = json.loads(capsys.readouterr().out)["jobs"][0]["queues"]
+    assert q["rules"] == {"types.rules[0]": 2, "routes.rules[0]": 1, "types.rules[1]": 1, "skip[0] 'test traffic'": 1,
+                          "skip[1] 'big test orders'": 1}, q["rules"]
+    assert q["rule_examples"]["routes.rules[0]"] == str(ids[0])
+    assert q["skipped"] == {"skip 'test traffic'": 1, "skip 'big test orders'": 1}
+
+
+def test_rules_in_a_reverse_jobs_mapping_are_a_located_error(two_way, capsys: pytest.CaptureFixture[str]) -> None:
+    tw = two_way()
+    (tw.tmp / "reverse.toml").write_text((tw.tmp / "reverse.toml").read_text() + "\n[[skip]]\nname = 'x'\nwhen = 'true'\n")
+    assert tw.cli("sync", "--once") == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "reverse.toml" in said and "skip: jobs[1] ('to-legacy') is a reverse job" in said, said

@@ -4,6 +4,7 @@ bulk path and dlt, on the same seeded NGinn rows in one run.
     python3 bench/migrate.py                        # N = 500k and 1M, every engine
     python3 bench/migrate.py --rows 5000000 --engines ad
     python3 bench/migrate.py --repeat 3             # medians of 3 rounds, each engine in turn
+    python3 bench/migrate.py --rows 500000 --engines aem --mapping bench/story_mapping.toml
     pip install -e '.[bench]'                       # dlt, for (e)
 
 Per N it seeds an NGinn queue table on the local PostgreSQL (70% ready, 10% delayed, 10%
@@ -25,6 +26,8 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
       and range rows (a) wrote, piped as (d) pipes into same-shaped tables (their indexes included)
       in one transaction: what the database alone spends on exactly what qbridge writes, as if
       reading and transforming cost nothing; g/d is a bound no transform can beat,
+  (m) with --mapping FILE: (a) with that mapping (bench/story_mapping.toml holds issue 47's rules),
+      into a target of its own; m/a (time) is what the rules cost, m/e (rows/s) against dlt,
 and, after (a), the ledger's size (per-message entries, range rows, bytes on disk, against the
 184 bytes a message the per-message ledger took) and `qbridge verify` of what it moved (time,
 peak RSS); (a) runs with the Spark driver's
@@ -57,6 +60,7 @@ import sqlalchemy as sa
 
 PG = "postgresql+psycopg://127.0.0.1/test"
 SRC, TGT, REF, DLT = "qbench_src", "qbench_tgt", "qbench_ref", "qbench_dlt"
+TGT_M = "qbench_tgtm"  # (m): (a) with --mapping's mapping
 QUEUE = "MQueue1"
 TZ = "Europe/Warsaw"
 
@@ -382,11 +386,12 @@ def scalar(url: str, query: str) -> int:
 def fresh_target(url: str, work: Path, schema: str) -> None:
     sql(url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', f'CREATE SCHEMA "{schema}"')
     cfg = work / f"{schema}.toml"
-    cfg.write_text(CONFIG.format(pg=url, queue=QUEUE, tz=TZ, src=SRC, tgt=schema))
+    text = CONFIG.format(pg=url, queue=QUEUE, tz=TZ, src=SRC, tgt=schema)
+    cfg.write_text(text.replace('"mapping.toml"', '"mapping-m.toml"') if schema == TGT_M else text)
     subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
-ENGINES = "abcdefgt"
+ENGINES = "abcdefgtm"
 
 
 def seed_queue(url: str, n: int, seed: str = SEED) -> None:
@@ -463,6 +468,8 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         ("t", TGT, ["env", f"OTEL_EXPORTER_OTLP_ENDPOINT={otlp_sink()}", "OTEL_BSP_MAX_QUEUE_SIZE=65536",
                     py, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
         ("b", TGT, [py, "-m", "bridge", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
+        # (m): (a) with the mapping --mapping names (issue 47's rules), into a target of its own
+        ("m", TGT_M, [py, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT_M}.toml")]),
     ):
         if name not in engines:
             continue
@@ -483,6 +490,9 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
             got, expected = count(url, f'"{REF}"."Orders"'), ready
         elif name == "e":
             got, expected = count(url, f'"{DLT}"."m_queue1"'), n
+        elif name == "m":  # its rules route some rows elsewhere: every transport table counts
+            got = sum(count(url, f'"{schema}"."{t}"') for t in ("Orders", "Orders.Delayed", "error", "Orders.EU", "Orders.EU.Delayed"))
+            expected = moved
         else:
             got = sum(count(url, f'"{schema}"."{t}"') for t in ("Orders", "Orders.Delayed", "error"))
             expected = moved
@@ -512,12 +522,12 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
 def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
     print()
     names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt", "f": "(f) floor",
-             "g": "(g) own rows", "t": "(t) traced"}
+             "g": "(g) own rows", "t": "(t) traced", "m": "(m) rules"}
     present = [k for k in ENGINES if all(k in r for r in table.values())]
     head = f"{'N':>10} " + " ".join(f"{names[k]:>12}" for k in present)
     ratios = [("a/d time", "a", "d"), ("a/f time", "a", "f"), ("f/d time", "f", "d"), ("a/g time", "a", "g"),
               ("g/d time", "g", "d"), ("a/c rate", "a", "c"),
-              ("a/e rate", "a", "e"), ("t/a time", "t", "a")]
+              ("a/e rate", "a", "e"), ("t/a time", "t", "a"), ("m/e rate", "m", "e"), ("m/a time", "m", "a")]
     ratios = [r for r in ratios if r[1] in present and r[2] in present]
     head += "".join(f" {r[0]:>9}" for r in ratios) + "".join(f" {'RSS ' + k:>8}" for k in present)
     print(head + "   (rows/s; RSS in MiB)")
@@ -551,6 +561,8 @@ def main() -> None:
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
     p.add_argument("--engines", default="adfgce", help="which of a, b, c, d, e, f, g, t to run (default a, c, d, e, f, g; "
                    "t: (a) with tracing on, to an OTLP/HTTP sink)")
+    p.add_argument("--mapping", metavar="FILE", help="(m): (a) with this mapping instead of the plain one (e.g. "
+                   "bench/story_mapping.toml, issue 47's rules), beside (a) and (e) in the same run")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="run every engine R times per N, alternating, and report medians (for a noisy machine)")
     p.add_argument("--floor", metavar="URL", help=argparse.SUPPRESS)
@@ -569,9 +581,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qbridge-bench-") as tmp:
         work = Path(tmp)
         (work / "mapping.toml").write_text(MAPPING)
-        table = {n: run_size(args.pg, n, work, args.engines, max(1, args.repeat)) for n in args.rows}
+        engines = args.engines
+        if args.mapping:
+            (work / "mapping-m.toml").write_text(Path(args.mapping).read_text())
+            engines += "" if "m" in engines else "m"
+        elif "m" in engines:
+            sys.exit("(m) runs (a) with the mapping --mapping FILE names: give it")
+        table = {n: run_size(args.pg, n, work, engines, max(1, args.repeat)) for n in args.rows}
     summary(table)
-    sql(args.pg, *(f'DROP SCHEMA IF EXISTS "{s}" CASCADE' for s in (SRC, TGT, REF, DLT)))
+    sql(args.pg, *(f'DROP SCHEMA IF EXISTS "{s}" CASCADE' for s in (SRC, TGT, REF, DLT, TGT_M)))
 
 
 if __name__ == "__main__":

@@ -42,11 +42,12 @@ INSTALL = {
 # a privilege missing. SQLSTATE where the driver gives one (invalid authorization 28xxx, invalid
 # catalog 3D000, invalid schema 3F000, undefined table 42P01 / 42S02, insufficient privilege
 # 42501); psycopg gives none for a refused connection, and SQLite never does: their words then.
+# Not SQLite's "unable to open database file": it says so too for a journal it cannot open while
+# the process is out of file descriptors for a moment, which passes.
 _FATAL_SQLSTATES = ("28", "3D000", "3F000", "42P01", "42S02", "42501")
 _FATAL_MESSAGES = re.compile(
     r'(database|role|relation|schema) "[^"]*" does not exist|password authentication failed|no pg_hba\.conf entry|'
-    r"permission denied|unknown database|access denied for user|login failed|no such table|no such column|"
-    r"unable to open database file",
+    r"permission denied|unknown database|access denied for user|login failed|no such table|no such column",
     re.IGNORECASE,
 )
 _DRIVER_NOT_FOUND = re.compile(r"can't open lib|data source name not found|driver.*not (found|installed)", re.IGNORECASE)

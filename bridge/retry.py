@@ -24,7 +24,7 @@ RETRIES: contextvars.ContextVar[int] = contextvars.ContextVar("qbridge_retries",
 def with_backoff(
     work: Callable[[], T],
     what: str,
-    attempts: int = 5,
+    attempts: int = 6,
     max_delay: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
     progress: Callable[[], int] | None = None,

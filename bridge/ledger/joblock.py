@@ -201,7 +201,7 @@ class JobLock:
 
 
 @contextmanager
-def holding(jobs: Sequence[tuple[sa.Engine, str | None, str, str]], wait: float, who: str, attempts: int = 5,
+def holding(jobs: Sequence[tuple[sa.Engine, str | None, str, str]], wait: float, who: str, attempts: int = 6,
             sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, fence.Fence]]:
     """Holds the lock of every (target engine, state schema, job, connection name) while the caller runs
     them, waiting up to `wait` seconds for each; JobBusy names the holder when one does not come

@@ -100,6 +100,7 @@ def _books(runner: JobRunner) -> JobBooks:
             # Past the checkpoint: the backlog, and what an interrupted migration recorded there
             past = beyond_checkpoint(runner, tconn, sconn, source, cp.high if cp else None)
             b.backlog = past.waiting
+            b.source_gone += past.gone
             b.source_rows += past.recorded.total()
             for outcome, n in past.recorded.items():
                 setattr(b, outcome, getattr(b, outcome) + n)

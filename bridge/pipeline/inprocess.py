@@ -16,7 +16,7 @@ from bridge.retry import with_backoff
 log = logging.getLogger("qbridge.sync")
 
 
-def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 5) -> list[PassStats]:
+def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 6) -> list[PassStats]:
     """Every queue of every job until no full batch is left; retryable failures back off."""
     plans = []
     for runner in runners:

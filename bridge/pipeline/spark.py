@@ -190,7 +190,7 @@ def run_unit(config: Config, unit: WorkUnit, fences: dict[str, tuple[int | None,
 
 
 def run_spark(config: Config, runners: list[JobRunner], console: Console, master: str | None,
-              unit_rows: int | None = None, attempts: int = 5) -> list[PassStats]:
+              unit_rows: int | None = None, attempts: int = 6) -> list[PassStats]:
     """Plans every queue of every job, runs the units on Spark, then finishes each queue; one
     span (`qbridge.migrate`) over it all, the parent of every task's span and closing drain."""
     with tracing.span("qbridge.migrate", jobs=",".join(r.job.name for r in runners), master=master) as s:

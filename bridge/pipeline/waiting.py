@@ -55,6 +55,7 @@ class Beyond(NamedTuple):
     waiting: int  # rows past the checkpoint the ledger does not have: the backlog
     oldest_after: int | None  # the first of them is the first row after this key
     recorded: Counter[str]  # outcomes of the rows past the checkpoint that the ledger has
+    gone: int = 0  # keys past the checkpoint the ledger has and the source no longer does (legacy cleanup)
 
 
 def beyond_checkpoint(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, high: int | None) -> Beyond:
@@ -66,16 +67,19 @@ def beyond_checkpoint(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connect
     entry = next(recorded, None)
     if entry is None:
         return Beyond(source.count_after(sconn, high), high, Counter())
-    waiting, first, outcomes = 0, None, Counter[str]()
+    waiting, first, outcomes, gone = 0, None, Counter[str](), 0
     for key in source.keys_after(sconn, high):
         while entry is not None and entry[0] < key:
-            entry = next(recorded, None)  # recorded, and gone from the source since
+            gone += 1  # recorded, and gone from the source since
+            entry = next(recorded, None)
         if entry is not None and entry[0] == key:
             outcomes[entry[1]] += 1
+            entry = next(recorded, None)
         else:
             waiting += 1
             first = key if first is None else first
-    return Beyond(waiting, None if first is None else first - 1, outcomes)
+    gone += (entry is not None) + sum(1 for _ in recorded)
+    return Beyond(waiting, None if first is None else first - 1, outcomes, gone)
 
 
 def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:

@@ -8,7 +8,14 @@ the books past a checkpoint), against the real databases.
    `qbridge run` stops the job for good (until SIGHUP or a restart), where the same
    OperationalError was retried before and the job recovered by itself.
 
-2. `verify` after an interrupted migration: a key the ledger records past the checkpoint whose
+2. The retry waits now start at 0.1 s for every caller: one that keeps the default 5 attempts
+   (the driver's checkpoint save after a migration's units, bridge/pipeline/spark.py
+   finish_queue, which ignores --retries) now gives a database 0.1+1+2+4 = 7.1 s to come back,
+   where it gave 1+2+4+8 = 15 s, the "15 s in all: a database restarting" docs/running.md
+   promises migrate. A restart of 9 s at that moment fails the whole migration (exit 1); it
+   must be run again, re-walking every unit against the ledger.
+
+3. `verify` after an interrupted migration: a key the ledger records past the checkpoint whose
    legacy row has gone since (legacy cleanup) is counted nowhere: not as moved (it is not in the
    source) and not as `source_gone` (which now stops at the checkpoint). verify's books then
    disagree with the ledger (status's rows_moved) with nothing to explain the difference; the
@@ -26,11 +33,13 @@ from typing import Iterator
 
 import sqlalchemy as sa
 
-from bridge.db import engine_for
+from bridge.db import dispose_all, engine_for
 from bridge.lifecycle.verify import status, verify
 from bridge.retry import with_backoff
 from bridge.service.scheduler import JobWorker
+from bridge.pipeline.spark import QueuePlan, finish_queue
 from helpers import Bridge
+from pgproxy import FaultProxy
 
 
 # -- 1. a moment without file descriptors ------------------------------------------------------
@@ -138,7 +147,51 @@ def test_qbridge_run_recovers_after_a_moment_without_file_descriptors_on_sqlite(
         b.dispose()
 
 
-# -- 2. verify past a checkpoint --------------------------------------------------------------
+# -- 2. the retry window of the driver's checkpoint save ---------------------------------------
+
+def test_a_migrations_checkpoint_save_outlasts_a_9_second_database_restart(tmp_path: Path, pg_server: str,
+                                                                          pg_schema: str) -> None:
+    """Every unit of the queue has committed; the driver then saves the queue's checkpoint
+    (finish_queue) while the target restarts for 9 s (refused connections, the pooled ones gone).
+    The documented waits (0.1, 1, 2, 4, 8 s: 15 s in all) outlast it; the 5 attempts it gets give up
+    after 7.1 s. Before these commits its waits were 1, 2, 4, 8 s and it went through."""
+    proxy = FaultProxy().start()
+    restored = threading.Event()
+
+    def restart_over() -> None:
+        proxy.upstream = ("127.0.0.1", 5432)
+        restored.set()
+
+    timer = threading.Timer(9.0, restart_over)
+    b = Bridge(tmp_path, pg_server, proxy.url(), source_schema=pg_schema, target_schema=pg_schema)
+    try:
+        assert b.cli("init") == 0
+        b.insert(b.ready(10))
+        runner = b.runner()
+        runner.check()
+        runner.run_range("MQueue1", None, 10)  # the queue's one unit, done
+        plan = QueuePlan(runner, "MQueue1", high=10, units=1, rows=10)
+        proxy.upstream = ("127.0.0.1", 1)  # the target restarts: new connections are refused ...
+        dispose_all()  # ... and the pooled ones went with the server
+        timer.start()
+        try:
+            finish_queue(plan, [])
+            failed = None
+        except sa.exc.OperationalError as e:
+            failed = str(e.orig).splitlines()[0]
+        assert failed is None, (f"the checkpoint save gave up {'before' if not restored.is_set() else 'after'} the "
+                                f"9 s restart was over: {failed}")
+        with runner.target_engine.connect() as conn:
+            assert runner.state.read_checkpoints(conn, "job1")["MQueue1"].high == 10
+    finally:
+        timer.cancel()
+        proxy.upstream = ("127.0.0.1", 5432)
+        b.dispose()
+        dispose_all()
+        proxy.stop()
+
+
+# -- 3. verify past a checkpoint --------------------------------------------------------------
 
 def test_verify_counts_a_recorded_key_past_the_checkpoint_that_the_legacy_side_removed(make) -> None:
     """An interrupted migration's units recorded keys 1025..2048 past a checkpoint at 1024 (the

@@ -255,3 +255,46 @@ def test_rules_in_a_reverse_jobs_mapping_are_a_located_error(two_way, capsys: py
     assert tw.cli("sync", "--once") == 2
     said = " ".join(capsys.readouterr().err.split())
     assert "reverse.toml" in said and "skip: jobs[1] ('to-legacy') is a reverse job" in said, said
+
+
+@pytest.mark.slow
+def test_rules_through_migrate_on_spark_run_and_replay(make, tmp_path: Path) -> None:
+    """The same rules on Spark's executors (migrate), in `qbridge run`, and in a replay: a message
+    a plugin refused is replayed once the plugin is fixed, through the rules in force then."""
+    import shutil
+    import subprocess
+
+    if shutil.which("java") is None:
+        pytest.fail("Java is not installed; Spark needs it")
+    b: Bridge = make(mapping=STORY + "\n[[transforms]]\nuse = 'tests.plugin_sample:fix_order'\nwhen = 'true'\n",
+                     extra="plugins = true\n")
+    rows = _rows(b)
+    rows.append(nginn_row("MQueue1", 7, b.now_local(), body=nginn_body("NGinn.Shop.PlaceOrder, NGinn.Shop", Explode=True)))
+    b.insert(rows)
+    env = {"PYTHONPATH": str(Path(__file__).parents[2])}  # Spark's Python workers import the plugin too
+    r = subprocess.run(b.spawn_args("migrate", "--master", "local[2]"), capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, **env})
+    assert r.returncode == 0, r.stderr
+    assert [x["headers"]["NServiceBus.CorrelationId"] for x in b.rows("OrdersEU")] == ["corr-1"]
+    assert sorted(x["headers"]["NServiceBus.CorrelationId"] for x in b.rows("Orders")) == ["corr-2", "corr-4", "corr-6"]
+    assert all(x["headers"]["Acme.Fixed"] == "yes" for x in b.rows("Orders"))
+    assert b.ledger() == {"delivered": 4, "skipped": 2, "quarantined": 1}
+    # qbridge run takes a new row through the same rules
+    b.insert([nginn_row("MQueue1", 8, b.now_local(), headers="Region=eu", body=nginn_body("NGinn.Shop.PlaceOrder, NGinn.Shop"))])
+    b.config.write_text(b.config.read_text() + 'schedule = { every = "1s" }\n')
+    proc = b.spawn("run", env=env)
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while b.count("OrdersEU") < 2 and time.monotonic() < deadline:
+            time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert sorted(x["headers"]["NServiceBus.CorrelationId"] for x in b.rows("OrdersEU")) == ["corr-1", "corr-8"]
+    # the plugin fixed (its when no longer holds for the exploding message): the replay delivers it
+    (b.tmp / "mapping.toml").write_text((b.tmp / "mapping.toml").read_text().replace("when = 'true'", "when = '!has(body.Explode)'"))
+    assert b.cli("quarantine", "replay", "--job", "job1", "--all") == 0
+    assert b.ledger() == {"delivered": 6, "skipped": 2}
+    assert "corr-7" in {x["headers"]["NServiceBus.CorrelationId"] for x in b.rows("Orders")}

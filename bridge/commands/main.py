@@ -172,13 +172,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
         return handler(args)
     except BridgeError as e:
-        err.print(f"qbridge: {_label(e)}: {e}", markup=False, highlight=False)
+        err.print(f"qbridge: {_label(e)}: {e}", markup=False, highlight=False, soft_wrap=True)  # one line a log can grep
         return e.exit_code
     except sa_exc.SQLAlchemyError as e:
         from bridge.db import waiting_cannot_fix
 
         first = str(getattr(e, "orig", None) or e).strip().splitlines()
-        err.print(f"qbridge: database error: {first[0] if first else type(e).__name__}", markup=False, highlight=False)
+        err.print(f"qbridge: database error: {first[0] if first else type(e).__name__}", markup=False, highlight=False, soft_wrap=True)
         return 2 if waiting_cannot_fix(e) else 1
     except KeyboardInterrupt:
         err.print("qbridge: interrupted")

@@ -8,8 +8,9 @@ that message, naming the rule; the messages beside it go on."""
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -39,12 +40,13 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
     the message's coordinates for header templates; `queued`: it goes to its routed queue (the
     only place a TTBR applies: delayed, error and audit rows never expire)."""
     doc: Any = _NOTHING
+    changed = False  # a body rule applied: the body is written again (else its bytes go as they are)
     for i, rule in enumerate(mapping.body):
         if not _holds(rule, facts, f"body[{i}]"):
             continue
         if doc is _NOTHING:
             doc = _parsed(out.body, f"body[{i}]")
-        doc = _body(rule, doc)
+        doc, changed = _body(rule, doc, out.body), True
     for i, hrule in enumerate(mapping.header_rules):
         if not _holds(hrule, facts, f"headers.rules[{i}]"):
             continue
@@ -77,13 +79,19 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
                     out.expires = None
                     out.headers.pop(TTBR, None)
                 elif trule.set != "keep":
-                    span = parse_timespan(trule.set)
+                    span, text = _span(trule.set)
                     out.expires = utcnow() + span
-                    out.headers[TTBR] = timespan(span)
+                    out.headers[TTBR] = text
                 break
-    if doc is not _NOTHING:
+    if changed:
         out.body = orjson.dumps(doc)
     return _transforms(mapping, facts, out, state, queue) if mapping.transforms else None
+
+
+@functools.lru_cache(maxsize=256)
+def _span(text: str) -> tuple[timedelta, str]:
+    span = parse_timespan(text)
+    return span, timespan(span)
 
 
 def _holds(rule: Any, facts: MessageFacts, label: str) -> bool:
@@ -120,21 +128,26 @@ def _parent(doc: Any, path: str, make: bool = False) -> tuple[dict[str, Any] | N
     return (doc if isinstance(doc, dict) else None), last
 
 
-def _strip(doc: Any) -> Any:
+def _strip(doc: Any) -> None:
+    """Every "$type" out of `doc`, in place (no copy of what has none)."""
     if isinstance(doc, dict):
-        return {k: _strip(v) for k, v in doc.items() if k != "$type"}
-    if isinstance(doc, list):
-        return [_strip(v) for v in doc]
-    return doc
+        doc.pop("$type", None)
+        for v in doc.values():
+            if isinstance(v, (dict, list)):
+                _strip(v)
+    elif isinstance(doc, list):
+        for v in doc:
+            if isinstance(v, (dict, list)):
+                _strip(v)
 
 
-def _body(rule: BodyRule, doc: Any) -> Any:
+def _body(rule: BodyRule, doc: Any, raw: bytes | None) -> Any:
     if rule.unwrap is not None:
         inner = _get(doc, rule.unwrap)
         if inner is not _NOTHING:
             doc = inner
-    if rule.strip_types:
-        doc = _strip(doc)
+    if rule.strip_types and raw is not None and b'"$type"' in raw:  # absent from the bytes: from every part
+        _strip(doc)
     for old, new in rule.rename.items():
         parent, last = _parent(doc, old)
         if parent is not None and last in parent:

@@ -298,3 +298,14 @@ def test_rules_through_migrate_on_spark_run_and_replay(make, tmp_path: Path) -> 
     assert b.cli("quarantine", "replay", "--job", "job1", "--all") == 0
     assert b.ledger() == {"delivered": 6, "skipped": 2}
     assert "corr-7" in {x["headers"]["NServiceBus.CorrelationId"] for x in b.rows("Orders")}
+
+
+def test_a_header_rule_that_reads_the_body_leaves_its_bytes_as_they_were(tmp_path: Path) -> None:
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db",
+               mapping='[routes]\n"*" = "Orders"\n[[headers.rules]]\nfrom_body = { "Acme.N" = "N" }\n')
+    assert b.cli("init") == 0
+    text = '{ "$type" : "A.B, A",  "N": 1.50, "Z":"\\u00e9" }'  # spacing and escapes orjson would not write
+    b.insert([nginn_row("MQueue1", 1, b.now_local(), body=text)])
+    assert b.cli("sync", "--once") == 0
+    [row] = b.rows("Orders")
+    assert row["headers"]["Acme.N"] == "1.5" and row["body"] == text.encode()

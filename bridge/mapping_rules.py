@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import timedelta
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -216,6 +216,7 @@ class BodyRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     when: str | None = None
+    xml: Literal["keep", "json"] | None = None  # an XML body (BizTalk): as it is, or as JSON (bridge.codecs.xmljson)
     unwrap: str | None = None
     strip_types: bool = False
     rename: dict[str, str] = Field(default_factory=dict)
@@ -237,8 +238,10 @@ class BodyRule(BaseModel):
                 raise ValueError(f"rename {old!r} = {new!r}: the new name is a name at the same level, without '.'")
         for p in [*self.delete, *self.set]:
             _path(p, "path")
-        if not (self.unwrap or self.strip_types or self.rename or self.delete or self.set):
-            raise ValueError("a [[body]] rule does nothing: give unwrap, strip_types, rename, delete or set")
+        if not (self.xml or self.unwrap or self.strip_types or self.rename or self.delete or self.set):
+            raise ValueError("a [[body]] rule does nothing: give xml, unwrap, strip_types, rename, delete or set")
+        if self.xml == "keep" and (self.unwrap or self.strip_types or self.rename or self.delete or self.set):
+            raise ValueError('xml = "keep" sends the XML as it is: the JSON operations of this rule cannot apply')
         return self
 
 

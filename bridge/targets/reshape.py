@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from bridge.codecs.xmljson import xml_to_json
 from bridge.errors import BadRow
 from bridge.mapping import Mapping, render_template
 from bridge.mapping_rules import BodyRule, MessageFacts, compiled, matched, parse_timespan
@@ -22,6 +23,7 @@ from bridge.targets.base import Skipped
 from bridge.timefmt import timespan, utcnow
 
 TTBR = "NServiceBus.TimeToBeReceived"
+CONTENT_TYPE = "NServiceBus.ContentType"
 _NOTHING = object()
 
 
@@ -44,7 +46,16 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
     for i, rule in enumerate(mapping.body):
         if not _holds(rule, facts, f"body[{i}]"):
             continue
-        if doc is _NOTHING:
+        if rule.xml == "keep":
+            out.headers.setdefault(CONTENT_TYPE, "text/xml")
+            continue
+        if rule.xml == "json" and not changed:
+            try:
+                doc = xml_to_json(out.body or b"")
+            except ValueError as e:
+                raise BadRow(f"body[{i}] (xml = \"json\"): {e}") from None
+            out.headers[CONTENT_TYPE] = "application/json"
+        elif doc is _NOTHING:
             doc = _parsed(out.body, f"body[{i}]")
         doc, changed = _body(rule, doc, out.body), True
     for i, hrule in enumerate(mapping.header_rules):

@@ -56,13 +56,14 @@ def bt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BizTalk]:
 
 
 def make_bt(kind: str, request, tmp_path: Path, **kw) -> Iterator[BizTalk]:
+    kw.setdefault("mapping", MAPPING)
     if kind == "sqlite":
         b = BizTalk(tmp_path, f"sqlite:///{tmp_path}/msgbox.db", f"sqlite:///{tmp_path}/nsb.db", system="biztalk",
-                    queues=["BizTalkServerApplication"], mapping=MAPPING, **kw)
+                    queues=["BizTalkServerApplication"], **kw)
     else:
         schema, url = request.getfixturevalue("pg_schema"), request.getfixturevalue("pg_server")
         b = BizTalk(tmp_path, url, url, source_schema=schema, target_schema=schema, system="biztalk",
-                    queues=["BizTalkServerApplication"], mapping=MAPPING, **kw)
+                    queues=["BizTalkServerApplication"], **kw)
     b.seed()
     assert b.cli("init") == 0
     yield b

@@ -62,7 +62,11 @@ class When:
         returns = self._compiled.return_type().name()
         if returns not in ("BOOL", "DYN"):  # DYN: a body field, whose type only the message tells
             raise ValueError(f"`when` must be true or false, and {expression!r} is of type {returns.lower()}")
-        self.reads_body = re.search(r"\bbody\b", _STRINGS_OR_TYPE.sub(lambda m: '""' if m.group(1) else m.group(0), expression)) is not None
+        code = _STRINGS_OR_TYPE.sub(lambda m: '""' if m.group(1) else m.group(0), expression)  # string literals blanked
+        self.reads_body = re.search(r"\bbody\b", code) is not None
+        # Reads only system, queue, destination, state and type: the same for every message of a
+        # columnar lane group, whose example then decides for all of them.
+        self.per_group = not self.reads_body and re.search(r"\bheaders\b", code) is None
 
     def matches(self, message: MessageFacts) -> bool:
         # an error value (a key absent) is no match: its value is its message, never True
@@ -175,6 +179,12 @@ def matched(label: str) -> None:
     seen = MATCHED.get()
     if seen is not None:
         seen.append(label)
+
+
+def per_message(rule: Any) -> bool:
+    """Whether the rule's `when` reads a message's headers or body (not only what a lane group shares)."""
+    when = compiled(rule)
+    return when is not None and not when.per_group
 
 
 def compiled(rule: Any) -> When | None:

@@ -48,7 +48,7 @@ def envelope(
     src = msg.source
     types, routed = routing(msg.enclosed_types, msg.destination, src.queue, mapping)
     facts = None
-    if mapping.per_message:
+    if mapping.has_rules:
         facts = MessageFacts(src.system, src.queue, msg.destination, msg.state, msg.enclosed_types[0] if msg.enclosed_types else "",
                              msg.headers, msg.body)
         decided = content_rules(mapping, facts)
@@ -114,7 +114,7 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
         return None
     types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
     facts = None
-    if mapping.per_message:
+    if mapping.has_rules:
         facts = MessageFacts(msg.system, msg.queue, msg.destination, msg.state, msg.enclosed_types[0] if msg.enclosed_types else "",
                              msg.headers, msg.body)
         decided = content_rules(mapping, facts)

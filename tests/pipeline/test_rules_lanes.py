@@ -90,3 +90,29 @@ def test_the_rules_are_not_vacuous_here(tmp_path: Path) -> None:
     fast, validated = both_per_row_lanes(b, False)
     assert fast == validated
     assert fast[4][0] > 0 and fast[4][1] > 0  # some delivered, some skipped by the rules
+
+
+def test_rules_that_read_only_what_a_group_shares_keep_the_columnar_lane(tmp_path: Path) -> None:
+    """A skip by state, a type rule and a TTBR for every message leave the queue on the lane: its
+    groups' examples decide (a TTBR sends its groups to the per-row lanes, which give the same)."""
+    from bridge.pipeline.columnar import process_columns
+    from tests.systems.test_fast_lane import corpus
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db",
+               mapping=_mapping(["skip by state", "type rule", "type chain"]))
+    assert b.cli("init") == 0
+    b.insert(corpus(b.now_local()) * 3)
+    runner = b.runner()
+    runner.lane_min_rows = 1
+    assert not runner.mapping.per_message
+    source = runner.sources["MQueue1"]
+    with runner.source_engine.connect() as conn:
+        rows = source.fetch_after(conn, None, 1000, False)
+    outs, *_ = process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})
+    assert sum(len(t.positions) for t in outs[0].tables) > 0  # the lane wrote rows itself
+    columnar, per_row = both_lanes(b, False)
+    assert columnar == per_row
+    # a when over the headers' values is per message
+    (tmp_path / "b2").mkdir()
+    b2 = Bridge(tmp_path / "b2", f"sqlite:///{tmp_path}/l2.db", f"sqlite:///{tmp_path}/n2.db", mapping=_mapping(["route by header"]))
+    assert b2.runner().mapping.per_message

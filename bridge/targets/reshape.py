@@ -139,17 +139,24 @@ def _parent(doc: Any, path: str, make: bool = False) -> tuple[dict[str, Any] | N
     return (doc if isinstance(doc, dict) else None), last
 
 
-def _strip(doc: Any) -> None:
-    """Every "$type" out of `doc`, in place (no copy of what has none)."""
+def _strip(doc: Any, left: int) -> int:
+    """Every "$type" out of `doc`, in place; `left`: how many the body's bytes hold at most (the
+    walk stops once they are all out: Newtonsoft puts most at the top)."""
     if isinstance(doc, dict):
-        doc.pop("$type", None)
+        if doc.pop("$type", _NOTHING) is not _NOTHING:
+            left -= 1
         for v in doc.values():
+            if left <= 0:
+                return left
             if isinstance(v, (dict, list)):
-                _strip(v)
+                left = _strip(v, left)
     elif isinstance(doc, list):
         for v in doc:
+            if left <= 0:
+                return left
             if isinstance(v, (dict, list)):
-                _strip(v)
+                left = _strip(v, left)
+    return left
 
 
 def _body(rule: BodyRule, doc: Any, raw: bytes | None) -> Any:
@@ -157,8 +164,11 @@ def _body(rule: BodyRule, doc: Any, raw: bytes | None) -> Any:
         inner = _get(doc, rule.unwrap)
         if inner is not _NOTHING:
             doc = inner
-    if rule.strip_types and raw is not None and b'"$type"' in raw:  # absent from the bytes: from every part
-        _strip(doc)
+    if rule.strip_types and raw is not None:
+        # none in the bytes, none anywhere; a "$" escaped as \u0024 hides one from the count: the whole walk then
+        count = raw.count(b'"$type"') if b"\\u0024" not in raw else len(raw)
+        if count:
+            _strip(doc, count)
     for old, new in rule.rename.items():
         parent, last = _parent(doc, old)
         if parent is not None and last in parent:

@@ -309,3 +309,16 @@ def test_a_header_rule_that_reads_the_body_leaves_its_bytes_as_they_were(tmp_pat
     assert b.cli("sync", "--once") == 0
     [row] = b.rows("Orders")
     assert row["headers"]["Acme.N"] == "1.5" and row["body"] == text.encode()
+
+
+def test_strip_types_takes_every_type_at_every_level_however_it_is_written() -> None:
+    import orjson
+
+    from bridge.mapping_rules import BodyRule
+    from bridge.targets.reshape import _body
+
+    rule = BodyRule(strip_types=True)
+    for raw, want in ((b'{"$type":"A","L":[{"$type":"B"},{"$type":"C","z":[{"$type":"D","k":1}]}]}', {"L": [{}, {"z": [{"k": 1}]}]}),
+                      (b'{"\\u0024type":"A","x":{"$type":"B","y":1}}', {"x": {"y": 1}}),  # an escaped "$" counts too
+                      (b'{"a":"$type","b":{"$type":"X"}}', {"a": "$type", "b": {}})):   # a value "$type" is no key
+        assert _body(rule, orjson.loads(raw), raw) == want

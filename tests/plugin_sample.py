@@ -15,3 +15,11 @@ def fix_order(message: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(body, dict):
         body["Fixed"] = True
     return message
+
+
+def stamp(message: dict[str, Any]) -> dict[str, Any]:
+    """Not pure: a new value each time (what verify --deep must point at)."""
+    import uuid
+
+    message["headers"]["Acme.Stamp"] = str(uuid.uuid4())
+    return message

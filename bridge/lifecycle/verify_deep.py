@@ -36,6 +36,7 @@ class DeepBooks:
     mismatched: int = 0
     consumed: int = 0  # delivered, then taken off the target queue by an endpoint: nothing to compare
     moved: int = 0  # move mode consumed its legacy row (gone, or NGinn's 'X'): nothing left to compare with
+    impure: int = 0  # of the mismatched: mapped twice today, they came out different (a plugin that is not pure)
     mismatched_keys: list[str] = field(default_factory=list)
 
 
@@ -103,12 +104,16 @@ def deep_compare(runner: JobRunner) -> dict[str, DeepBooks]:
                     b.matched += 1
                 else:
                     b.mismatched += 1
+                    b.impure += now is IMPURE
                     if len(b.mismatched_keys) < 20:
-                        b.mismatched_keys.append(f"{key} (no longer in the source)" if now is GONE else key)
+                        b.mismatched_keys.append(f"{key} (no longer in the source)" if now is GONE else
+                                                 f"{key} (mapped twice, it came out different: a [[transforms]] plugin "
+                                                 "that is not pure)" if now is IMPURE else key)
     return books
 
 
 GONE = object()  # a delivered message's source row that is no longer there
+IMPURE = object()  # a row the mapping's plugins make differently each time
 
 
 def _possible_targets(runner: JobRunner, tconn: sa.Connection) -> set[str]:
@@ -138,16 +143,20 @@ def _fetch(source: Any, sconn: sa.Connection, keys: list[str]) -> dict[str, Any]
     return {str(r.key): r for r in found}
 
 
-def _recompute(source: Any, row: Any, runner: JobRunner, translated: frozenset[str]) -> tuple[bytes | None, str | None]:
+def _recompute(source: Any, row: Any, runner: JobRunner, translated: frozenset[str]) -> tuple[Any, str | None]:
     """(the digest of what the row makes today, the table it goes to); (None, None) when it is
-    not delivered today (unreadable, or skipped now: an expiry passed, or the mapping changed)."""
-    try:
-        result = envelope(source.decode(row), runner.mapping, runner.tables, runner.job.target, translated)
-    except BadRow:
-        return None, None
-    if not isinstance(result, Outgoing):
-        return None, None
-    return digest(result.headers, result.body, skipped(runner)), runner.target.ledger_target(result)
+    not delivered today (unreadable, or skipped now: an expiry passed, or the mapping changed).
+    With plugins, the row is mapped twice: IMPURE when the two differ."""
+    made = []
+    for _ in range(2 if runner.mapping.transforms else 1):
+        try:
+            result = envelope(source.decode(row), runner.mapping, runner.tables, runner.job.target, translated)
+        except BadRow:
+            return None, None
+        if not isinstance(result, Outgoing):
+            return None, None
+        made.append(digest(result.headers, result.body, skipped(runner)))
+    return (IMPURE if len(set(made)) > 1 else made[0]), runner.target.ledger_target(result)
 
 
 def skipped(runner: JobRunner) -> frozenset[str]:

@@ -322,3 +322,18 @@ def test_strip_types_takes_every_type_at_every_level_however_it_is_written() -> 
                       (b'{"\\u0024type":"A","x":{"$type":"B","y":1}}', {"x": {"y": 1}}),  # an escaped "$" counts too
                       (b'{"a":"$type","b":{"$type":"X"}}', {"a": "$type", "b": {}})):   # a value "$type" is no key
         assert _body(rule, orjson.loads(raw), raw) == want
+
+
+def test_verify_deep_names_a_plugin_that_is_not_pure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", extra="plugins = true\n",
+               mapping='[routes]\n"*" = "Orders"\n[[transforms]]\nuse = "tests.plugin_sample:stamp"\n')
+    assert b.cli("init") == 0
+    b.insert(b.ready(3))
+    assert b.cli("sync", "--once") == 0
+    capsys.readouterr()
+    assert b.cli("verify", "--deep", "--json") == 1
+    [q] = json.loads(capsys.readouterr().out)["jobs"][0]["queues"]
+    assert q["deep"]["mismatched"] == 3 and q["deep"]["impure"] == 3, q["deep"]
+    assert all("a [[transforms]] plugin that is not pure" in k for k in q["deep"]["mismatched_keys"])

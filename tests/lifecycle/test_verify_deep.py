@@ -30,7 +30,7 @@ def test_verify_deep_finds_changed_content_and_counts_consumed_rows(tmp_path: Pa
     [q] = doc["jobs"][0]["queues"]
     assert code == 0 and q["balanced"]
     assert q["skipped_by_rule"] == {"state processed -> skip": 1}
-    assert q["deep"] == {"compared": 7, "matched": 7, "mismatched": 0, "consumed": 0, "moved": 0, "mismatched_keys": []}
+    assert q["deep"] == {"compared": 7, "matched": 7, "mismatched": 0, "consumed": 0, "moved": 0, "impure": 0, "mismatched_keys": []}
 
     with b.target.begin() as conn:  # an endpoint consumed two messages; someone edited one body
         ids = conn.execute(sa.text('select id from "Orders" order by seq')).scalars().all()
@@ -60,5 +60,5 @@ def test_verify_deep_of_a_move_mode_job_says_its_legacy_rows_were_consumed_not_t
     code, doc = verify_json(b, "--deep")
     [q] = doc["jobs"][0]["queues"]
     assert code == 0 and q["balanced"], q
-    assert q["deep"] == {"compared": 0, "matched": 0, "mismatched": 0, "consumed": 0, "moved": 6, "mismatched_keys": []}
+    assert q["deep"] == {"compared": 0, "matched": 0, "mismatched": 0, "consumed": 0, "moved": 6, "impure": 0, "mismatched_keys": []}
     b.dispose()

@@ -64,9 +64,11 @@ class When:
             raise ValueError(f"`when` must be true or false, and {expression!r} is of type {returns.lower()}")
         code = _STRINGS_OR_TYPE.sub(lambda m: '""' if m.group(1) else m.group(0), expression)  # string literals blanked
         self.reads_body = re.search(r"\bbody\b", code) is not None
-        # Reads only system, queue, destination, state and type: the same for every message of a
-        # columnar lane group, whose example then decides for all of them.
-        self.per_group = not self.reads_body and re.search(r"\bheaders\b", code) is None
+        # Reads only system, queue, destination, state, type and which headers there are (`"X" in
+        # headers`, a literal name): what every message of a columnar lane group shares (its header
+        # names are part of its key), so the group's example decides for all of them.
+        names_only = re.sub(r'""\s+in\s+headers\b', "", code)
+        self.per_group = not self.reads_body and re.search(r"\bheaders\b", names_only) is None
 
     def matches(self, message: MessageFacts) -> bool:
         # an error value (a key absent) is no match: its value is its message, never True

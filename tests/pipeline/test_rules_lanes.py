@@ -93,13 +93,13 @@ def test_the_rules_are_not_vacuous_here(tmp_path: Path) -> None:
 
 
 def test_rules_that_read_only_what_a_group_shares_keep_the_columnar_lane(tmp_path: Path) -> None:
-    """A skip by state, a type rule and a TTBR for every message leave the queue on the lane: its
-    groups' examples decide (a TTBR sends its groups to the per-row lanes, which give the same)."""
+    """A skip by state or by a header's presence and type rules leave the queue on the lane: its
+    groups' examples decide (a group shares its state, its types and its header names)."""
     from bridge.pipeline.columnar import process_columns
     from tests.systems.test_fast_lane import corpus
 
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db",
-               mapping=_mapping(["skip by state", "type rule", "type chain"]))
+               mapping=_mapping(["skip by state", "skip by header", "type rule", "type chain"]))
     assert b.cli("init") == 0
     b.insert(corpus(b.now_local()) * 3)
     runner = b.runner()

@@ -10,12 +10,11 @@ import orjson
 
 from bridge.db import read_only_engine
 from bridge.errors import BridgeError, UsageError
+from bridge.lifecycle.preview import QUEUE_HEAD  # rows of a proxy queue looked through for the key
 from bridge.mapping_rules import MATCHED
 from bridge.pipeline.loop import JobRunner
 from bridge.targets.base import Skipped
 from bridge.targets.envelope import Outgoing
-
-QUEUE_HEAD = 10_000  # rows of a proxy queue looked through for the key
 
 
 class NotFound(BridgeError):

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -35,20 +36,25 @@ class Waiting(NamedTuple):
 def waiting_in(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> Waiting:
     """Rows of `source` still to move, after the checkpoint `cp` or (scan) not in the ledger."""
     if source.cursor == "scan":
-        count, oldest = 0, None
-        for chunk in chunked((str(k), sent) for k, sent in source.iter_sent(sconn)):
-            known = runner.ledger_lookup(tconn, source, [k for k, _ in chunk])
-            for k, sent in chunk:
-                if k not in known:
-                    count += 1
-                    if sent is not None and (oldest is None or sent < oldest):
-                        oldest = sent
-        return Waiting(count, oldest)
+        return _unrecorded(runner, tconn, source, source.iter_sent(sconn))
     if source.cursor == "queue":
         count = source.count_after(sconn, None)
         return Waiting(count, source.oldest_after(sconn, None) if count else None)
     past = beyond_checkpoint(runner, tconn, sconn, source, cp.high if cp else None)
     return Waiting(past.waiting, source.oldest_after(sconn, past.oldest_after) if past.waiting else None)
+
+
+def _unrecorded(runner: JobRunner, tconn: sa.Connection, source: Any, keys: Iterator[tuple[Any, datetime | None]]) -> Waiting:
+    """A scan source's (key, when sent) walked against the ledger: how many it lacks, and the oldest of them."""
+    count, oldest = 0, None
+    for chunk in chunked((str(k), sent) for k, sent in keys):
+        known = runner.ledger_lookup(tconn, source, [k for k, _ in chunk])
+        for k, sent in chunk:
+            if k not in known:
+                count += 1
+                if sent is not None and (oldest is None or sent < oldest):
+                    oldest = sent
+    return Waiting(count, oldest)
 
 
 class Beyond(NamedTuple):
@@ -85,10 +91,7 @@ def beyond_checkpoint(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connect
 def backlog_of(runner: JobRunner, tconn: sa.Connection, sconn: sa.Connection, source: Any, cp: Any) -> int:
     """Rows of `source` still to move (what a plan sizes itself by)."""
     if source.cursor == "scan":  # the count alone: no time read per key
-        count = 0
-        for chunk in chunked(str(k) for k in source.iter_keys(sconn)):
-            count += len(chunk) - len(runner.ledger_lookup(tconn, source, chunk))
-        return count
+        return _unrecorded(runner, tconn, source, ((k, None) for k in source.iter_keys(sconn))).rows
     if source.cursor == "queue":
         return int(source.count_after(sconn, None))
     return beyond_checkpoint(runner, tconn, sconn, source, cp.high if cp else None).waiting

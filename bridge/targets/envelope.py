@@ -47,14 +47,10 @@ def envelope(
         return Skipped(f"state {msg.state} -> skip")
     src = msg.source
     types, routed = routing(msg.enclosed_types, msg.destination, src.queue, mapping)
-    facts = None
-    if mapping.has_rules:
-        facts = MessageFacts(src.system, src.queue, msg.destination, msg.state, msg.enclosed_types[0] if msg.enclosed_types else "",
-                             msg.headers, msg.body)
-        decided = content_rules(mapping, facts)
-        if isinstance(decided, Skipped):
-            return decided
-        routed = decided or routed
+    facts, decided = _decide(mapping, src.system, src.queue, msg.destination, msg.state, msg.enclosed_types, msg.headers, msg.body)
+    if isinstance(decided, Skipped):
+        return decided
+    routed = decided or routed
     if routed is None:
         raise BadRow(
             f"no route for queue {msg.source.queue!r}, destination {msg.destination!r} or type "
@@ -113,14 +109,10 @@ def plain_envelope(msg: PlainMessage, mapping: Mapping, tables: TargetTables, ta
             or (action == "delayed" and msg.due is None) or (action == "error" and msg.failure is None)):
         return None
     types, routed = routing(msg.enclosed_types, msg.destination, msg.queue, mapping)
-    facts = None
-    if mapping.has_rules:
-        facts = MessageFacts(msg.system, msg.queue, msg.destination, msg.state, msg.enclosed_types[0] if msg.enclosed_types else "",
-                             msg.headers, msg.body)
-        decided = content_rules(mapping, facts)
-        if isinstance(decided, Skipped):
-            return decided
-        routed = decided or routed
+    facts, decided = _decide(mapping, msg.system, msg.queue, msg.destination, msg.state, msg.enclosed_types, msg.headers, msg.body)
+    if isinstance(decided, Skipped):
+        return decided
+    routed = decided or routed
     if routed is None:
         return None
     mid = msg.message_id
@@ -182,6 +174,15 @@ def _set_headers(headers: dict[str, str], mapping: Mapping, system: str, databas
     values = _values(system, database, queue, key, mid, routed, state, types)
     for name, template in mapping.headers.set.items():
         headers[name] = render_template(template, values, headers)
+
+
+def _decide(mapping: Mapping, system: str, queue: str, destination: str, state: str, enclosed_types: Sequence[str],
+            headers: dict[str, str], body: bytes | None) -> tuple[MessageFacts | None, Skipped | str | None]:
+    """The message's facts for its rules (None without rules) and what `content_rules` decides."""
+    if not mapping.has_rules:
+        return None, None
+    facts = MessageFacts(system, queue, destination, state, enclosed_types[0] if enclosed_types else "", headers, body)
+    return facts, content_rules(mapping, facts)
 
 
 def content_rules(mapping: Mapping, facts: MessageFacts) -> Skipped | str | None:

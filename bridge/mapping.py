@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from bridge.errors import ConfigError
 from bridge.identifiers import check_name
 from bridge.mapping_rules import BodyRule, HeaderRule, RouteRule, SkipRule, TransformRule, TtbrRule, TypeRule
-from bridge.mapping_rules import per_message as rule_reads_message
 from bridge.settings_io import read_toml, validate
 
 Action = Literal["queue", "delayed", "error", "audit", "skip"]
@@ -129,17 +128,6 @@ class Mapping(BaseModel):
                 except ValueError as e:
                     raise ValueError(f"headers.rules[{i}].set: {e}") from None
         return self
-
-    @property
-    def per_message(self) -> bool:
-        """Whether rules look at each message's content (headers' values, the body): the columnar
-        lane, which maps a group of like messages by one example, then leaves them to the per-row
-        lanes. A rule whose `when` reads only what a group shares (system, queue, destination,
-        state, type) and that writes no per-message value keeps the lane: its example decides.
-        (A TTBR gives the example an expiry, which sends its group to the per-row lanes anyway.)"""
-        return (any(rule_reads_message(r) for r in (*self.route_rules, *self.skip, *self.ttbr))
-                or any(rule_reads_message(r) or r.from_body or r.replace for r in self.header_rules)
-                or bool(self.body or self.transforms))
 
     @property
     def has_rules(self) -> bool:

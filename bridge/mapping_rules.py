@@ -71,8 +71,19 @@ class When:
         self.per_group = not self.reads_body and re.search(r"\bheaders\b", names_only) is None
 
     def matches(self, message: MessageFacts) -> bool:
+        forced = FORCED.get()
+        if forced is not None:  # a columnar lane group's example: the lane evaluated this over its rows
+            return forced[id(self)]
+        return self.evaluate(message)
+
+    def evaluate(self, message: MessageFacts) -> bool:
         # an error value (a key absent) is no match: its value is its message, never True
         return self._compiled.eval(message.activation(self.reads_body)).value() is True
+
+
+# Set while the columnar lane runs a group's example: what every `when` holds for the group's
+# rows, by id(When); the lane split its groups by those outcomes (bridge.targets.lane_rules).
+FORCED: ContextVar[dict[int, bool] | None] = ContextVar("qbridge_when_forced", default=None)
 
 
 class MessageFacts:
@@ -181,12 +192,6 @@ def matched(label: str) -> None:
     seen = MATCHED.get()
     if seen is not None:
         seen.append(label)
-
-
-def per_message(rule: Any) -> bool:
-    """Whether the rule's `when` reads a message's headers or body (not only what a lane group shares)."""
-    when = compiled(rule)
-    return when is not None and not when.per_group
 
 
 def compiled(rule: Any) -> When | None:

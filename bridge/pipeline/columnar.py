@@ -49,7 +49,7 @@ def takes_columns(runner: Batch, source: Source) -> bool:
     target both have the lane."""
     return (runner.fast_lane and runner.columnar and type(source).plain_columns is not Source.plain_columns
             and type(runner.target).plain_columns is not Target.plain_columns
-            and not runner.mapping.per_message)  # a group is mapped by one example: rules that read each message cannot
+            and not runner.mapping.transforms)  # a plugin takes a whole message: the per-row lanes run it
 
 
 def process_columns(runner: Batch, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool,

@@ -13,16 +13,20 @@ None, a body, an expiry or a due time it did not give.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from bridge.codecs.nservicebus import headers_json
+from bridge.mapping import Mapping
+from bridge.mapping_rules import FORCED
 from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
 from bridge.targets.base import Skipped
 from bridge.targets.envelope import Outgoing
+from bridge.targets.reshape import EXAMPLE, GiveBack
 from bridge.timefmt import to_wire
 from bridge.tracing import TRACEPARENT
 
@@ -41,6 +45,7 @@ class TableColumns:
     bodies: pa.Array  # binary
     due: pa.Array | None  # timestamp[us, UTC], for the delayed table
     traced: bool = False  # its rows have a `traceparent` header (every row of a group has its example's names)
+    expires: datetime | None = None  # every row's expiry (a [[ttbr]] rule's), aware
 
 
 @dataclass
@@ -54,22 +59,45 @@ class LaneOutcomes:
     given_back: list[np.ndarray] = field(default_factory=list)
 
 
-def lane_outcomes(cols: PlainColumns, envelope: object, ledger_target: object) -> LaneOutcomes:
+def lane_outcomes(cols: PlainColumns, envelope: object, ledger_target: object, mapping: Mapping | None = None
+                  ) -> LaneOutcomes:
     """Runs `envelope` (the target's plain_envelope, translated bound) once per group and fills
-    each group's rows in; `ledger_target` names where an Outgoing went, as the ledger records it."""
+    each group's rows in; `ledger_target` names where an Outgoing went, as the ledger records it.
+    With `mapping`'s rules, the groups are split by what the rules hold first (lane_rules)."""
     done = LaneOutcomes()
     escaped: dict[str, pa.Array] = {}
-    order = np.argsort(cols.groups, kind="stable")
-    bounds = np.flatnonzero(np.diff(cols.groups[order])) + 1
+    groups, ruled = cols.groups, None
+    if mapping is not None and mapping.has_rules:
+        from bridge.targets.lane_rules import refine
+
+        ruled = refine(cols, mapping)
+        groups = ruled.groups
+        cols = replace(cols, values={**cols.values, **ruled.values},
+                       bodies=cols.bodies if ruled.bodies is None else ruled.bodies)
+    order = np.argsort(groups, kind="stable")
+    bounds = np.flatnonzero(np.diff(groups[order])) + 1
     for rows in np.split(order, bounds):
-        if not len(rows):
+        if not len(rows) or groups[rows[0]] < 0:
+            if len(rows):
+                done.given_back.append(rows)
             continue
-        example = cols.examples[int(cols.groups[rows[0]])]
-        out = envelope(example)  # type: ignore[operator]
+        if ruled is None:
+            out = envelope(cols.examples[int(groups[rows[0]])])  # type: ignore[operator]
+        else:
+            example, forced, said = ruled.examples[int(groups[rows[0]])]
+            tokens = FORCED.set(forced), EXAMPLE.set(said)
+            try:
+                out = envelope(example)  # type: ignore[operator]
+            except GiveBack:
+                out = None
+            finally:
+                FORCED.reset(tokens[0])
+                EXAMPLE.reset(tokens[1])
         if isinstance(out, Skipped) and "\x00" not in out.reason:
             done.skipped.append((rows, out.reason))
             continue
-        if not isinstance(out, Outgoing) or out.body != b"" or out.expires is not None or out.due not in (None, DUE):
+        if (not isinstance(out, Outgoing) or out.body != b"" or out.due not in (None, DUE)
+                or (out.expires is not None and ruled is None)):  # only a [[ttbr]] rule gives the lane an expiry
             done.given_back.append(rows)
             continue
         parts = _template(out.headers)
@@ -83,7 +111,7 @@ def lane_outcomes(cols: PlainColumns, envelope: object, ledger_target: object) -
         done.tables.append(TableColumns(
             out.kind, out.queue, cols.positions[rows], pc.binary_join_element_wise(*pieces, ""),
             cols.bodies.take(take), cols.due.take(take) if out.due is DUE and cols.due is not None else None,
-            TRACEPARENT in out.headers))
+            TRACEPARENT in out.headers, out.expires))
         done.delivered.append((rows, ledger_target(out)))  # type: ignore[operator]
     return done
 

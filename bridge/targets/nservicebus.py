@@ -42,7 +42,7 @@ class NServiceBusTarget(Target):
         from bridge.targets.envelope_columns import lane_outcomes
 
         return lane_outcomes(cols, lambda msg: plain_envelope(msg, self.mapping, self.transport, self.job.target,
-                                                              translated), self.ledger_target)
+                                                              translated), self.ledger_target, self.mapping)
 
     def ledger_target(self, out: Outgoing) -> str:
         return f"{out.queue}.Delayed" if out.kind == "delayed" else out.queue

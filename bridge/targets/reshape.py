@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,8 +24,15 @@ from bridge.targets.base import Skipped
 from bridge.timefmt import timespan, utcnow
 
 TTBR = "NServiceBus.TimeToBeReceived"
+# Set while the columnar lane runs a group's example (bridge.targets.lane_rules): which of each
+# header rule's `from_body` fields the group's rows have, as {(rule index, item index): bool}.
+EXAMPLE: ContextVar[dict[tuple[int, int], bool] | None] = ContextVar("qbridge_lane_example", default=None)
 CONTENT_TYPE = "NServiceBus.ContentType"
 _NOTHING = object()
+
+
+class GiveBack(Exception):
+    """A group's example met what only each row's own values decide: the lane gives its rows to the per-row lanes."""
 
 
 class Reshaped:
@@ -41,6 +49,7 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
     """Applies the rules to `out` in place; Skipped when a plugin skips the message. `values`:
     the message's coordinates for header templates; `queued`: it goes to its routed queue (the
     only place a TTBR applies: delayed, error and audit rows never expire)."""
+    example = EXAMPLE.get()  # a columnar lane group's example: its rows' bodies are the lane's (body_of_row)
     doc: Any = _NOTHING
     changed = False  # a body rule applied: the body is written again (else its bytes go as they are)
     for i, rule in enumerate(mapping.body):
@@ -48,6 +57,10 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
             continue
         if rule.xml == "keep":
             out.headers.setdefault(CONTENT_TYPE, "text/xml")
+            continue
+        if example is not None:
+            if rule.xml == "json":
+                raise GiveBack
             continue
         if rule.xml == "json" and not changed:
             try:
@@ -70,18 +83,20 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
                 del h[name]
         for name, template in hrule.set.items():
             h[name] = render_template(template, values, h)
-        for name, path in hrule.from_body.items():
+        for j, (name, path) in enumerate(hrule.from_body.items()):
+            if example is not None:  # the lane read the row's field: a marker where it has one
+                if example[(i, j)]:
+                    h[name] = f"\x00B{i}_{j}\x00"  # bridge.sources.columns.mark(f"B{i}_{j}")
+                continue
             if doc is _NOTHING:
                 doc = _parsed(out.body, f"headers.rules[{i}].from_body")
-            value = _get(doc, path)
-            if value is _NOTHING:
-                continue
-            if isinstance(value, (dict, list)) or value is None:
-                raise BadRow(f"headers.rules[{i}].from_body {name!r}: body field {path!r} holds "
-                             f"{'null' if value is None else type(value).__name__}, not a string, number or boolean")
-            h[name] = value if isinstance(value, str) else orjson.dumps(value).decode()
+            value = header_from_body(doc, path, i, name)
+            if value is not None:
+                h[name] = value
         for name, (pattern, replacement) in hrule.replace.items():
             if name in h:
+                if example is not None and "\x00" in h[name]:
+                    raise GiveBack  # a value of each row's own: the per-row lanes replace in it
                 h[name] = re.sub(pattern, replacement, h[name])
     if queued:
         for i, trule in enumerate(mapping.ttbr):
@@ -111,6 +126,36 @@ def _holds(rule: Any, facts: MessageFacts, label: str) -> bool:
         matched(label)
         return True
     return False
+
+
+def header_from_body(doc: Any, path: str, i: int, name: str) -> str | None:
+    """`headers.rules[i].from_body`'s header `name`: the text of body field `path` (None: absent)."""
+    value = _get(doc, path)
+    if value is _NOTHING:
+        return None
+    if isinstance(value, (dict, list)) or value is None:
+        raise BadRow(f"headers.rules[{i}].from_body {name!r}: body field {path!r} holds "
+                     f"{'null' if value is None else type(value).__name__}, not a string, number or boolean")
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def body_of_row(rules: list[tuple[int, BodyRule]], from_body: list[tuple[int, str, str]], raw: bytes
+                ) -> tuple[bytes, list[str | None]]:
+    """What `reshape` makes of one row's body where body `rules` hold (xml = "keep" ones left out:
+    they touch no body) and the `from_body` (rule index, header, path) of the header rules that
+    hold: the body to write and each header's text (None: the field is absent). Raises BadRow
+    as `reshape` does; the lane gives such a row back to the per-row lanes, which say so."""
+    doc: Any = _NOTHING
+    for i, rule in rules:
+        if doc is _NOTHING:
+            doc = _parsed(raw, f"body[{i}]")
+        doc = _body(rule, doc, raw)
+    values: list[str | None] = []
+    for i, name, path in from_body:
+        if doc is _NOTHING:
+            doc = _parsed(raw, f"headers.rules[{i}].from_body")
+        values.append(header_from_body(doc, path, i, name))
+    return (raw if not rules else orjson.dumps(doc)), values
 
 
 def _parsed(body: bytes | None, where: str) -> Any:

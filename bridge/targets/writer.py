@@ -116,7 +116,8 @@ class TargetWriter:
             positions = np.concatenate([t.positions for t in lane] + [np.array([at for at, _ in rows], dtype=np.int64)])
             headers = pa.concat_arrays([t.headers for t in lane] + [pa.array([headers_json(o.headers) for _, o in rows], pa.string())])
             bodies = pa.concat_arrays([t.bodies for t in lane] + [pa.array([o.body for _, o in rows], pa.binary())])
-            expires = pa.concat_arrays([pa.nulls(len(t.positions), naive) for t in lane]
+            expires = pa.concat_arrays([pa.array([naive_utc(t.expires)] * len(t.positions), naive) if t.expires else
+                                        pa.nulls(len(t.positions), naive) for t in lane]
                                        + [pa.array([naive_utc(o.expires) for _, o in rows], naive)])
             dues = pa.concat_arrays([t.due if t.due is not None else pa.nulls(len(t.positions), utc) for t in lane]
                                     + [pa.array([o.due for _, o in rows], utc)])

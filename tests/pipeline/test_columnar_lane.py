@@ -104,7 +104,7 @@ def written(outs: list[Any], places: list[int]) -> list[tuple[Any, ...]]:
     expiry, due)."""
     if len(outs) == 1 and isinstance(outs[0], LaneBatch):
         lane = outs[0]
-        found = [(int(t.positions[i]), t.kind, t.queue, t.headers[i].as_py(), t.bodies[i].as_py(), None,
+        found = [(int(t.positions[i]), t.kind, t.queue, t.headers[i].as_py(), t.bodies[i].as_py(), t.expires,
                   t.due[i].as_py() if t.due is not None else None) for t in lane.tables for i in range(len(t.positions))]
         found += [(at, o.kind, o.queue, _json(o.headers), o.body, o.expires, o.due) for at, o in lane.outs]
         return sorted(found, key=lambda r: r[0])

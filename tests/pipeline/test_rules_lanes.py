@@ -5,9 +5,11 @@ headers byte for byte, bodies, tables, order — the same ledger entries, skips 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +31,9 @@ RULES = {
                    "from_body = { 'Acme.Note' = 'Note' }\nreplace = { 'NServiceBus.ReplyToAddress' = ['^(.*)$', 'x-\\1'] }\n"
                    "drop = ['Tenant']\n"),
     "ttbr none": "[[ttbr]]\nwhen = 'true'\nset = 'none'\n",
+    "ttbr by header": "[[ttbr]]\nwhen = '\"Tenant\" in headers'\nset = '00:10:00'\n",
+    "route by kernels": ("[[routes.rules]]\nwhen = '!(headers[\"Region\"] in [\"eu\", \"us\"]) && headers.Region.matches(\"^e.\") "
+                         "|| headers[\"Tenant\"] < \"b\" && queue.endsWith(\"1\")'\nto = 'Sales'\n"),
 }
 
 
@@ -54,6 +59,14 @@ def both_per_row_lanes(b: Bridge, lock: bool) -> tuple[Any, Any]:
     return results[0], results[1]
 
 
+@pytest.fixture(autouse=True)
+def _one_clock_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A [[ttbr]] rule's expiry is the clock's now + its span: one reading for every lane, so the
+    lanes' rows compare whole."""
+    now = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    monkeypatch.setattr("bridge.targets.reshape.utcnow", lambda: now)
+
+
 @pytest.fixture(scope="module")
 def rule_bridges(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], Bridge]:
     return {}
@@ -75,9 +88,8 @@ def test_rules_give_the_same_rows_in_every_lane(rule_bridges: dict[tuple[str, ..
     b.insert(rows)
     fast, validated = both_per_row_lanes(b, lock)
     assert fast == validated
-    if not b.runner().mapping.per_message:  # type rules alone: the columnar lane takes the queue too
-        columnar, per_row = both_lanes(b, lock)
-        assert columnar == per_row
+    columnar, per_row = both_lanes(b, lock)
+    assert columnar == per_row
 
 
 def test_the_rules_are_not_vacuous_here(tmp_path: Path) -> None:
@@ -92,27 +104,47 @@ def test_the_rules_are_not_vacuous_here(tmp_path: Path) -> None:
     assert fast[4][0] > 0 and fast[4][1] > 0  # some delivered, some skipped by the rules
 
 
-def test_rules_that_read_only_what_a_group_shares_keep_the_columnar_lane(tmp_path: Path) -> None:
-    """A skip by state or by a header's presence and type rules leave the queue on the lane: its
-    groups' examples decide (a group shares its state, its types and its header names)."""
+@pytest.mark.parametrize("chosen", [["skip by state", "skip by header", "type rule", "type chain"], sorted(RULES),
+                                    ["header ops", "route by header", "ttbr by header", "ttbr none", "route by kernels"]],
+                         ids=["group rules", "every rule", "header rules"])
+def test_rules_keep_the_columnar_lane(tmp_path: Path, chosen: list[str]) -> None:
+    """Rules leave the queue on the lane: skips by state or by a header's presence and type rules
+    are decided by each group's example; routes and skips by header values, body operations and
+    header rules split the groups by what they hold of each row (bridge.targets.lane_rules). The
+    lane writes rows itself, and the same rows as the per-row lanes."""
     from bridge.pipeline.columnar import process_columns
     from tests.systems.test_fast_lane import corpus
 
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db",
-               mapping=_mapping(["skip by state", "skip by header", "type rule", "type chain"]))
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db", mapping=_mapping(chosen))
     assert b.cli("init") == 0
-    b.insert(corpus(b.now_local()) * 3)
+    rows = corpus(b.now_local()) * 3
+    for i, row in enumerate(rows):  # a Note in some bodies, for from_body and rename
+        try:
+            doc = orjson.loads(row.get("msg_text") or "")
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and i % 2:
+            rows[i] = {**row, "msg_text": orjson.dumps({**doc, "Note": f"note {i}"}).decode()}
+    b.insert(rows)
     runner = b.runner()
     runner.lane_min_rows = 1
-    assert not runner.mapping.per_message
     source = runner.sources["MQueue1"]
     with runner.source_engine.connect() as conn:
         rows = source.fetch_after(conn, None, 1000, False)
-    outs, *_ = process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})
-    assert sum(len(t.positions) for t in outs[0].tables) > 0  # the lane wrote rows itself
+    outs, entries, *_ = process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})
+    lane = outs[0].tables
+    assert sum(len(t.positions) for t in lane) > 0  # the lane wrote rows itself
+    headers = [t.headers[i].as_py() for t in lane for i in range(len(t.positions))]
+    bodies = [t.bodies[i].as_py() or b"" for t in lane for i in range(len(t.positions))]
+    if "header ops" in chosen:  # and rows the rules changed: a header from the body (unless renamed first)
+        assert any('"Acme.Q":"MQueue1' in h for h in headers)
+        assert any('"Acme.Note":"note ' in h for h in headers) == ("body ops" not in chosen)
+    if "body ops" in chosen:
+        assert any(b'"Remark":"note ' in b and b'"V":2' in b for b in bodies)
+    if "route by header" in chosen:
+        assert any(t.queue == "Billing" for t in lane)
+    if "ttbr by header" in chosen:
+        assert any(t.expires is not None for t in lane) and any(t.expires is None for t in lane)
+        assert any('"NServiceBus.TimeToBeReceived":"00:10:00"' in h for h in headers)
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
-    # a when over the headers' values is per message
-    (tmp_path / "b2").mkdir()
-    b2 = Bridge(tmp_path / "b2", f"sqlite:///{tmp_path}/l2.db", f"sqlite:///{tmp_path}/n2.db", mapping=_mapping(["route by header"]))
-    assert b2.runner().mapping.per_message

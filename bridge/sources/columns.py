@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +58,9 @@ class PlainColumns:
     # The value columns that hold only digits, hex, `-`, `:` and spaces (ids, integer keys,
     # counts, wire times), which JSON text takes as they are: no escaping pass over them.
     unescaped: frozenset[str] = frozenset({"mid", "key", "retry", "sent", "due", "failed_at"})
+    # Each lane row's body as the source parsed it (orjson.loads of `bodies`, a dict), where it
+    # did (NGinn reads a body's $type): the body rules take it rather than parse again. Theirs to change.
+    docs: list[Any] | None = None
 
 
 def np_bool(a: pa.Array) -> np.ndarray:

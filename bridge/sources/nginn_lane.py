@@ -103,7 +103,8 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         if not e.exception_type or len(e.message) > MESSAGE_MAX:  # its parts hold no other control character
             ok[i] = False
         parsed[i] = e
-    body_types = [_root_type(t) if good else None for t, good in zip(text.to_pylist(), ok.tolist())]
+    docs = [_object(t) if good else None for t, good in zip(text.to_pylist(), ok.tolist())]
+    body_types = [_root_type(d) for d in docs]
     body_types = [None if t and _CONTROL_CHARS.search(t) else t for t in body_types]
     ok &= np.array([t is not None for t in body_types], dtype=bool)
     names, values, split_ok = _split(headers, len(vals))
@@ -173,6 +174,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         due=pc.if_else(is_due, due_utc, pa.scalar(None, due_utc.type)).take(pick),
         mids=[lane_mids[i] for i in np.flatnonzero(lane).tolist()],
         keys=[row_keys[i] for i in np.flatnonzero(lane).tolist()],
+        docs=[docs[i] for i in keep[lane].tolist()],
     )
 
 
@@ -191,14 +193,19 @@ def _years_ok(local: pa.Array) -> np.ndarray:
     return _np(pc.and_(pc.greater_equal(year, 1000), pc.less_equal(year, 2037)))
 
 
-def _root_type(text: str) -> str | None:
-    """The body's root `$type` ("" for none), or None when the body is not a JSON object with a
-    string `$type` or none (codec.body_type's rules, stricter: not an object is left out too)."""
+def _object(text: str) -> dict[str, Any] | None:
+    """The body parsed, when it is a JSON object (kept for the body rules: bridge.targets.lane_rules)."""
     try:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    if type(doc) is not dict:
+    return doc if type(doc) is dict else None
+
+
+def _root_type(doc: dict[str, Any] | None) -> str | None:
+    """The body's root `$type` ("" for none), or None when the body is not a JSON object with a
+    string `$type` or none (codec.body_type's rules, stricter: not an object is left out too)."""
+    if doc is None:
         return None
     value = doc.get("$type")
     if value is None:

@@ -22,17 +22,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bridge.errors import BadRow
 from bridge.mapping import Mapping
 from bridge.mapping_rules import MessageFacts, When, compiled
 from bridge.model import PlainMessage
-from bridge.sources.columns import PlainColumns
+from bridge.sources.columns import PlainColumns, np_bool
 from bridge.targets.reshape import body_of_row
 from bridge.targets.when_columns import Rows, Unsupported, kernel
 
 _MARKER = re.compile("\x00(\\w+)\x00")
-_ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")  # what the lane's escaping cannot write
+_ODD = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # what the lane's escaping cannot write (orjson reads no lone surrogate)
 
 
 @dataclass
@@ -87,45 +88,49 @@ def refine(cols: PlainColumns, mapping: Mapping) -> RuledGroups:
         except Unsupported:
             outcome[:, w] = _per_row(when, cols, examples, facts, headers, lost)
     lost |= headers.unknown
-    first = _split(np.column_stack([base, outcome.astype(np.int64)]), lost)
-    keys1 = _firsts(first)
+    first = _split(base, outcome, lost)
     bodies: list[Any] | None = None
     present = np.zeros((n, sum(len(r.from_body) for r in mapping.header_rules)), dtype=bool)
     values: dict[str, list[str]] = {}
     forced_of: dict[int, dict[int, bool]] = {}
     items: dict[int, list[tuple[int, int]]] = {}
-    for g1, at in keys1.items():
+    order = np.argsort(first, kind="stable")
+    for members in np.split(order, np.flatnonzero(np.diff(first[order])) + 1):
+        g1 = int(first[members[0]]) if len(members) else -1
+        if g1 < 0:
+            continue
+        at = int(members[0])
         forced = forced_of[g1] = {id(when): bool(outcome[at, w]) for w, when in enumerate(listed)}
         body_rules, from_body, slots = _holding(mapping, forced)
         items[g1] = slots
         if body_rules is None:
-            lost |= first == g1
+            lost[members] = True
             continue
         if not body_rules and not from_body:
             continue
         if bodies is None:
             bodies = cols.bodies.to_pylist()
-        for slot in slots:
-            name = f"B{slot[0]}_{slot[1]}"
-            if name not in values:
-                values[name] = [""] * n
-        for r in np.flatnonzero(first == g1).tolist():
+        for i, j in slots:
+            values.setdefault(f"B{i}_{j}", [""] * n)
+        columns = [(values[f"B{i}_{j}"], []) for i, j in slots]  # each slot's texts, and the rows that have one
+        docs = cols.docs
+        for r in members.tolist():
             try:
-                body, texts = body_of_row(body_rules, from_body, bodies[r])
+                bodies[r], texts = body_of_row(body_rules, from_body, bodies[r], None if docs is None else docs[r])
             except BadRow:
                 lost[r] = True
                 continue
-            if any(t is not None and _ODD.search(t) for t in texts):
-                lost[r] = True
-                continue
-            bodies[r] = body
-            for (i, j), text in zip(slots, texts):
+            for (column, has), text in zip(columns, texts):
                 if text is not None:
-                    values[f"B{i}_{j}"][r] = text
-                    present[r, _slot_index(mapping, i, j)] = True
-    final = _split(np.column_stack([first, present.astype(np.int64)]), lost)
-    done = RuledGroups(final, bodies=None if bodies is None else pa.array(bodies, pa.binary()),
-                       values={k: pa.array(v, pa.string()) for k, v in values.items()})
+                    column[r] = text
+                    has.append(r)
+        for (i, j), (_, has) in zip(slots, columns):
+            present[has, _slot_index(mapping, i, j)] = True
+    texts_of = {k: pa.array(v, pa.string()) for k, v in values.items()}
+    for column in texts_of.values():  # a text the lane's escaping cannot write: the per-row lanes write it
+        lost |= np_bool(pc.match_substring_regex(column, _ODD))
+    final = _split(first, present, lost)
+    done = RuledGroups(final, bodies=None if bodies is None else pa.array(bodies, pa.binary()), values=texts_of)
     for at in _firsts(final).values():
         g1 = int(first[at])
         has = {slot: bool(present[at, _slot_index(mapping, *slot)]) for slot in items[g1]}
@@ -133,12 +138,18 @@ def refine(cols: PlainColumns, mapping: Mapping) -> RuledGroups:
     return done
 
 
-def _split(key: np.ndarray, lost: np.ndarray) -> np.ndarray:
-    """A group id per row by its key row (-1 where lost)."""
-    out = np.full(len(key), -1, dtype=np.int64)
+def _split(group: np.ndarray, bits: np.ndarray, lost: np.ndarray) -> np.ndarray:
+    """A group id per row by its group and its row of bits (-1 where lost)."""
+    out = np.full(len(group), -1, dtype=np.int64)
     keep = np.flatnonzero(~lost)
     if len(keep):
-        _, inverse = np.unique(key[keep], axis=0, return_inverse=True)
+        if bits.shape[1] <= 40:  # packed into one int64 beside the group: a 1-d unique, not a row-wise one
+            code = group[keep].astype(np.int64) << bits.shape[1]
+            if bits.shape[1]:
+                code |= bits[keep].astype(np.int64) @ (np.int64(1) << np.arange(bits.shape[1], dtype=np.int64))
+            _, inverse = np.unique(code, return_inverse=True)
+        else:
+            _, inverse = np.unique(np.column_stack([group[keep], bits[keep].astype(np.int64)]), axis=0, return_inverse=True)
         out[keep] = inverse.reshape(-1)
     return out
 

@@ -7,6 +7,7 @@ that message, naming the rule; the messages beside it go on."""
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import functools
 import re
@@ -139,13 +140,15 @@ def header_from_body(doc: Any, path: str, i: int, name: str) -> str | None:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-def body_of_row(rules: list[tuple[int, BodyRule]], from_body: list[tuple[int, str, str]], raw: bytes
+def body_of_row(rules: list[tuple[int, BodyRule]], from_body: list[tuple[int, str, str]], raw: bytes, doc: Any = None
                 ) -> tuple[bytes, list[str | None]]:
     """What `reshape` makes of one row's body where body `rules` hold (xml = "keep" ones left out:
     they touch no body) and the `from_body` (rule index, header, path) of the header rules that
     hold: the body to write and each header's text (None: the field is absent). Raises BadRow
-    as `reshape` does; the lane gives such a row back to the per-row lanes, which say so."""
-    doc: Any = _NOTHING
+    as `reshape` does; the lane gives such a row back to the per-row lanes, which say so. `doc`:
+    `raw` parsed already (a JSON object), which the rules then change in place."""
+    if doc is None:
+        doc = _NOTHING
     for i, rule in rules:
         if doc is _NOTHING:
             doc = _parsed(raw, f"body[{i}]")
@@ -173,17 +176,6 @@ def _get(doc: Any, path: str) -> Any:
     return doc
 
 
-def _parent(doc: Any, path: str, make: bool = False) -> tuple[dict[str, Any] | None, str]:
-    *parents, last = path.split(".")
-    for part in parents:
-        if not isinstance(doc, dict):
-            return None, last
-        if part not in doc and make:
-            doc[part] = {}
-        doc = doc.get(part)
-    return (doc if isinstance(doc, dict) else None), last
-
-
 def _strip(doc: Any, left: int) -> int:
     """Every "$type" out of `doc`, in place; `left`: how many the body's bytes hold at most (the
     walk stops once they are all out: Newtonsoft puts most at the top)."""
@@ -204,31 +196,69 @@ def _strip(doc: Any, left: int) -> int:
     return left
 
 
+class _Plan:
+    """A body rule's paths split once (most are one field at the top: no walk)."""
+
+    __slots__ = ("deletes", "renames", "sets", "strip", "unwrap")
+
+    def __init__(self, rule: BodyRule) -> None:
+        def split(path: str) -> tuple[tuple[str, ...], str]:
+            *parents, last = path.split(".")
+            return tuple(parents), last
+
+        self.unwrap, self.strip = rule.unwrap, rule.strip_types
+        self.renames = [(*split(old), new) for old, new in rule.rename.items()]
+        self.deletes = [split(path) for path in rule.delete]
+        self.sets = [(*split(path), value) for path, value in rule.set.items()]
+
+
+def _within(doc: Any, parents: tuple[str, ...], make: bool = False) -> dict[str, Any] | None:
+    for part in parents:
+        if not isinstance(doc, dict):
+            return None
+        if part not in doc and make:
+            doc[part] = {}
+        doc = doc.get(part)
+    return doc if isinstance(doc, dict) else None
+
+
 def _body(rule: BodyRule, doc: Any, raw: bytes | None) -> Any:
-    if rule.unwrap is not None:
-        inner = _get(doc, rule.unwrap)
+    plan: _Plan | None = rule.__dict__.get("_plan")
+    if plan is None:
+        plan = rule.__dict__.setdefault("_plan", _Plan(rule))
+    if plan.unwrap is not None:
+        inner = _get(doc, plan.unwrap)
         if inner is not _NOTHING:
             doc = inner
-    if rule.strip_types and raw is not None:
+    if plan.strip and raw is not None:
         # none in the bytes, none anywhere; a "$" escaped as \u0024 hides one from the count: the whole walk then
         count = raw.count(b'"$type"') if b"\\u0024" not in raw else len(raw)
         if count:
             _strip(doc, count)
-    for old, new in rule.rename.items():
-        parent, last = _parent(doc, old)
+    for parents, last, new in plan.renames:
+        parent = _within(doc, parents) if parents else doc if isinstance(doc, dict) else None
         if parent is not None and last in parent:
             # the renamed field keeps its place among its siblings
-            items = list(parent.items())
-            parent.clear()
-            parent.update((new if k == last else k, v) for k, v in items)
-    for path in rule.delete:
-        parent, last = _parent(doc, path)
+            if new in parent:
+                items = list(parent.items())
+                parent.clear()
+                parent.update((new if k == last else k, v) for k, v in items)
+            elif next(reversed(parent)) == last:  # the last field (often): it stays last
+                parent[new] = parent.pop(last)
+            else:  # the same order, with the fields after it taken out and put back
+                keys = list(parent)
+                value = parent.pop(last)
+                after = [(k, parent.pop(k)) for k in keys[keys.index(last) + 1:]]
+                parent[new] = value
+                parent.update(after)
+    for parents, last in plan.deletes:
+        parent = _within(doc, parents) if parents else doc if isinstance(doc, dict) else None
         if parent is not None:
             parent.pop(last, None)
-    for path, value in rule.set.items():
-        parent, last = _parent(doc, path, make=True)
-        if parent is not None:
-            parent[last] = value
+    for parents, last, value in plan.sets:
+        parent = _within(doc, parents, make=True) if parents else doc if isinstance(doc, dict) else None
+        if parent is not None:  # a table or list of the mapping's is copied: a later rule may change it in this body
+            parent[last] = value if not isinstance(value, (dict, list)) else copy.deepcopy(value)
     return doc
 
 

@@ -112,7 +112,7 @@ def refine(cols: PlainColumns, mapping: Mapping) -> RuledGroups:
             bodies = cols.bodies.to_pylist()
         for i, j in slots:
             values.setdefault(f"B{i}_{j}", [""] * n)
-        columns = [(values[f"B{i}_{j}"], []) for i, j in slots]  # each slot's texts, and the rows that have one
+        columns: list[tuple[list[str], list[int]]] = [(values[f"B{i}_{j}"], []) for i, j in slots]  # texts, rows with one
         docs = cols.docs
         for r in members.tolist():
             try:
@@ -120,12 +120,12 @@ def refine(cols: PlainColumns, mapping: Mapping) -> RuledGroups:
             except BadRow:
                 lost[r] = True
                 continue
-            for (column, has), text in zip(columns, texts):
+            for (column, rows_with), text in zip(columns, texts):
                 if text is not None:
                     column[r] = text
-                    has.append(r)
-        for (i, j), (_, has) in zip(slots, columns):
-            present[has, _slot_index(mapping, i, j)] = True
+                    rows_with.append(r)
+        for (i, j), (_, rows_with) in zip(slots, columns):
+            present[rows_with, _slot_index(mapping, i, j)] = True
     texts_of = {k: pa.array(v, pa.string()) for k, v in values.items()}
     for column in texts_of.values():  # a text the lane's escaping cannot write: the per-row lanes write it
         lost |= np_bool(pc.match_substring_regex(column, _ODD))

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager
 from typing import Any
 
+from bridge.commands.check import checked_first
 from bridge.commands.common import err, out, runners_of
 from bridge.commands.steering import unpaused
 from bridge.errors import UsageError
@@ -63,6 +64,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     config, runners = runners_of(args)
     if args.unit_rows is not None and args.unit_rows < 1:
         raise UsageError("--unit-rows must be at least 1")
+    if not checked_first(args, config):
+        return 1
     runners = unpaused(runners, args.even_if_paused, args.retries)
     if not runners:
         return 0
@@ -103,6 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if hasattr(signal, "SIGHUP"):  # a `qbridge reload` while this starts is kept (by default SIGHUP kills)
         signal.signal(signal.SIGHUP, lambda *_: hup.set())
     config, runners = runners_of(args)
+    if not checked_first(args, config):
+        return 1
     listen = args.listen or (config.service.listen if config.service else None)
     if listen:
         from bridge.settings_io import parse_listen

@@ -22,6 +22,7 @@ HANDLERS: dict[str, str] = {
     "demo": "bridge.commands.main:cmd_demo",
     "discover": "bridge.commands.discover:discover_command",
     "preview": "bridge.commands.preview:preview_command",
+    "check": "bridge.commands.check:check_command",
     "map": "bridge.commands.mapone:cmd_map",
     "init": "bridge.commands.books:cmd_init",
     "migrate": "bridge.commands.jobs:cmd_migrate",
@@ -76,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     pv = cmd("preview", "what migrate would do, read and mapped as it would, writing nothing anywhere (SELECT rights suffice)")
     pv.add_argument("--json", action="store_true", help="one JSON document on stdout")
     pv.add_argument("--fail-on", choices=["quarantine"], help="quarantine: exit 1 when anything would be quarantined (a gate before a cutover)")
+    ck = cmd("check", "run every statement the jobs run on their own connections, each in a transaction that is rolled "
+             "back: reads, locking reads, consumes, writes into each queue with the books, the receive, the locks; "
+             "exit 1 naming the GRANT or step that fixes what failed")
+    ck.add_argument("--json", action="store_true", help="one JSON document on stdout (each probe with its statements, "
+                    "as run here and as SQL Server would run them)")
     mp = cmd("map", "what one legacy row becomes: its route, headers, body and TTBR, or its skip or quarantine, and the rules behind it (writes nothing)")
     mp.add_argument("--queue", required=True, help="the legacy queue of the job the row is in")
     mp.add_argument("--key", required=True, help="the row's source key, as `quarantine list` and preview show it")
@@ -100,13 +106,15 @@ def _parser() -> argparse.ArgumentParser:
     s = cmd("sync", "one incremental pass over every queue of the job(s)")
     s.add_argument("--once", action="store_true", required=True, help="one pass, then exit (the scheduler is `qbridge run`)")
     s.add_argument("--retries", type=int, default=6, help="attempts per batch when a database is unreachable or a deadlock occurs, waiting 0.1, 1, 2, 4, 8 s; each batch that commits starts afresh (default 6)")
+    r = cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
+    for c in (m, r):
+        c.add_argument("--check", action="store_true", help="run `qbridge check` first, and stop (exit 1) if anything fails")
     for c in (m, s):
         c.add_argument("--even-if-paused", action="store_true", help="run a job an operator paused (`qbridge pause`) "
                        "all the same; by default a paused job is skipped with a line saying who paused it, when and why")
         c.add_argument("--lock-wait", type=float, default=LOCK_WAIT, metavar="SECONDS",
                        help=f"how long to wait for a job another qbridge process holds (a `qbridge run`), then exit 1 "
                             f"naming the holder (default {LOCK_WAIT:g})")
-    r = cmd("run", "the scheduler: every job on its schedule until SIGTERM/SIGINT (then the batch in flight commits and it exits 0)")
     r.add_argument("--listen", metavar="HOST:PORT", help="serve the status page on http://HOST:PORT/ and Prometheus metrics on /metrics (also [service] listen "
                    "in the config); an address other than loopback needs QBRIDGE_TOKEN")
     v = cmd("verify", "reconcile source rows with delivered / skipped / quarantined; exit 1 if they do not balance")

@@ -6,31 +6,13 @@ import argparse
 import sys
 
 import orjson
-import sqlalchemy as sa
 from rich.table import Table
 
 from bridge.commands.common import out, runners_of
-from bridge.db import read_only_engine, sqlite_file
+from bridge.db import sqlite_file
 from bridge.errors import SourceSchemaError
+from bridge.lifecycle.init import missing_tables
 from bridge.lifecycle.preview import JobPreview, preview
-
-
-def missing_tables(config, job) -> list[str]:
-    """What `init` would create for the job, as `connection: table`, read without writing."""
-    from bridge.lifecycle import init
-    missing = []
-    for p in init.plan(config, [job]):
-        path = sqlite_file(p.url)
-        if path is not None and not path.exists():
-            missing.append(f"{p.connection}: the database file {path} itself")
-        engine = read_only_engine(p.url, missing_ok=True)
-        try:
-            with engine.connect() as conn:
-                insp = sa.inspect(conn)
-                missing += [f"{p.connection}: {t.name}" for t in p.tables if not insp.has_table(t.name, schema=t.schema)]
-        finally:
-            engine.dispose()
-    return missing
 
 
 def missing_files(config, jobs) -> list[str]:

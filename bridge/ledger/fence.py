@@ -22,6 +22,7 @@ Bounded: one row per job, updated in place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -73,6 +74,11 @@ class Fence:
                 "Run the command again once the other process is done")
 
 
+def epoch_raise(t: sa.Table, job: str, who: str, now: datetime) -> sa.Update:
+    """The statement that raises a job's epoch (`qbridge check` runs it for a job no row has)."""
+    return sa.update(t).where(t.c.job == job).values(epoch=t.c.epoch + 1, holder=who[:200], taken_at=now)
+
+
 def take(engine: sa.Engine, schema: str | None, job: str, who: str, connection: str = "the target") -> Fence:
     """Raises the job's epoch (the caller has just taken the job's session lock) and returns it.
     Waits for every transaction of an earlier holder that passed its check to end."""
@@ -89,8 +95,7 @@ def take(engine: sa.Engine, schema: str | None, job: str, who: str, connection: 
     for _ in range(2):
         try:
             with engine.begin() as conn:
-                if conn.execute(sa.update(t).where(t.c.job == job)
-                                .values(epoch=t.c.epoch + 1, holder=who[:200], taken_at=now)).rowcount == 0:
+                if conn.execute(epoch_raise(t, job, who, now)).rowcount == 0:
                     conn.execute(sa.insert(t).values(job=job, epoch=1, holder=who[:200], taken_at=now))
                 epoch = conn.execute(sa.select(t.c.epoch).where(t.c.job == job)).scalar_one()
             return Fence(t, job, int(epoch), who)

@@ -16,7 +16,7 @@ from typing import cast
 import sqlalchemy as sa
 
 from bridge.config import Config, JobConfig
-from bridge.db import dialect_for, engine_for
+from bridge.db import dialect_for, engine_for, read_only_engine, sqlite_file
 from bridge.errors import TargetSchemaError
 from bridge.ledger.giveback_marks import marks_table
 from bridge.ledger.ranges_upgrade import add_ranges
@@ -217,3 +217,20 @@ def sql_for_dba(p: TargetPlan) -> list[str]:
         if statements:
             lines += [when, *(stmt + sep + "\n" for stmt in statements)]
     return lines
+
+
+def missing_tables(config: Config, job: JobConfig) -> list[str]:
+    """What `init` would create for the job, as `connection: table`, read without writing."""
+    missing = []
+    for p in plan(config, [job]):
+        path = sqlite_file(p.url)
+        if path is not None and not path.exists():
+            missing.append(f"{p.connection}: the database file {path} itself")
+        engine = read_only_engine(p.url, missing_ok=True)
+        try:
+            with engine.connect() as conn:
+                insp = sa.inspect(conn)
+                missing += [f"{p.connection}: {t.name}" for t in p.tables if not insp.has_table(t.name, schema=t.schema)]
+        finally:
+            engine.dispose()
+    return missing

@@ -83,6 +83,16 @@ class NServiceBusSource(Source):
         return (sa.select(table).order_by(order).limit(limit).with_for_update(skip_locked=True)
                 .with_hint(table, "WITH (UPDLOCK, READPAST, ROWLOCK)", "mssql"))
 
+    def fetch_after_seq(self, conn: sa.Connection, seq: Any, limit: int = 10) -> list[SourceRow]:
+        """The receive's rows after the queue row `seq` (None: from the head): `qbridge check` reads
+        its own row back, behind a queue's older messages, with the transport's statement."""
+        stmt = self._locked(self.queue_table, self.seq, limit)
+        if seq is not None:
+            stmt = stmt.where(self.seq > seq)
+        col = self.transport.column
+        return [self._row(QUEUE, r[self.seq.name], r, col(self.queue_table, "Expires").name, None)
+                for r in dict_rows(conn.execute(stmt))]
+
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
                     upto: int | None = None) -> list[SourceRow]:
         """The head of the queue, then due-ordered delayed messages, skip-locked: `limit` queue

@@ -66,6 +66,7 @@ def test_nginn_passes_on_postgresql_and_sqlite_and_leaves_nothing(on_each_db, mo
     write = next(p for p in report["probes"] if p["what"] == "MQueue1: write to Orders")
     assert "read it back byte for byte" in write["said"], write
     assert snapshot(schemas) == before
+    assert b.cli("sync", "--once") == 0 and b.count("Orders") == 3  # no lock left behind: the job runs at once
     # and a check with no message waiting
     with b.source.begin() as conn:
         conn.execute(b.tables["MQueue1"].delete())
@@ -191,3 +192,9 @@ def test_the_sql_server_statements_check_would_run(make) -> None:
     }
     missing = {k: v for k, v in expected.items() if not any(v in s for s in mssql)}
     assert not missing, (missing, mssql)
+
+
+def test_a_broken_config_is_exit_2(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[connections]\nx = "sqlite:///x.db"\n[[jobs]]\nname = "j"\n')
+    assert cli_main(["check", "-c", str(config)]) == 2

@@ -27,7 +27,8 @@ from bridge.errors import ConfigError
 from bridge.identifiers import check_name
 
 TYPE_VAR = "_typ"  # `type` as the compiled expression spells it
-_STRINGS_OR_TYPE = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|\btype\b(?!\s*\()""")
+# `type` the variable: not a call (type(x)), not a field (headers.type, body.type: no rename there)
+_STRINGS_OR_TYPE = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')|(?<![.\w])(?<!\.\s)(?<!\.\s\s)\btype\b(?!\s*\()""")
 _GROUP_REF = re.compile(r"\\(\d+)|\\g<(\d+)>")
 _ENV: Any = None
 

@@ -227,13 +227,20 @@ class _Headers:
         if found is not None:
             return found
         cols, n = self.cols, len(self.cols.groups)
+        specs = [(g, self.spec(ex, name)) for g, ex in enumerate(cols.examples)]
+        # The pool: the legacy header values, then each value column a group's header is, then the
+        # groups' real texts; each offset fixed once every part of the pool is known.
         pool: list[pa.Array] = [cols.header_values.cast(pa.string())]
-        size = len(pool[0])
         offsets: dict[str, int] = {}
-        index = np.full(n, -1, dtype=np.int64)
+        size = len(pool[0])
+        for _, spec in specs:
+            if spec is not None and spec[0] == "column" and spec[1] not in offsets:
+                offsets[spec[1]] = size
+                pool.append(cols.values[spec[1]].cast(pa.string()))
+                size += n
         constants: list[str] = []
-        for g, ex in enumerate(cols.examples):
-            spec = self.spec(ex, name)
+        index = np.full(n, -1, dtype=np.int64)
+        for g, spec in specs:
             if spec is None:
                 continue
             rows = cols.groups == g
@@ -241,14 +248,10 @@ class _Headers:
             if kind == "L":
                 index[rows] = cols.header_starts[rows] + what
             elif kind == "column":
-                if what not in offsets:
-                    offsets[what] = size
-                    pool.append(cols.values[what].cast(pa.string()))
-                    size += n
                 index[rows] = offsets[what] + np.flatnonzero(rows)
             elif kind == "text":
+                index[rows] = size + len(constants)
                 constants.append(what)
-                index[rows] = size + len(constants) - 1
             else:
                 self.unknown |= rows
         values = pa.concat_arrays([*pool, pa.array(constants, pa.string())])

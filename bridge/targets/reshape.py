@@ -30,6 +30,9 @@ TTBR = "NServiceBus.TimeToBeReceived"
 EXAMPLE: ContextVar[dict[tuple[int, int], bool] | None] = ContextVar("qbridge_lane_example", default=None)
 CONTENT_TYPE = "NServiceBus.ContentType"
 _NOTHING = object()
+# The text a columnar lane example's stand-in times start with as wire times (year 1: no real
+# time has it; bridge.sources.columns.SENT, DUE, FAILED), which each row's own time replaces.
+_STAND_IN = "0001-01-01 00:00:00:00000"
 
 
 class GiveBack(Exception):
@@ -96,8 +99,8 @@ def reshape(mapping: Mapping, facts: MessageFacts, out: Reshaped, values: dict[s
                 h[name] = value
         for name, (pattern, replacement) in hrule.replace.items():
             if name in h:
-                if example is not None and "\x00" in h[name]:
-                    raise GiveBack  # a value of each row's own: the per-row lanes replace in it
+                if example is not None and ("\x00" in h[name] or _STAND_IN in h[name]):
+                    raise GiveBack  # a value of each row's own (a marker, a stand-in time): the per-row lanes replace in it
                 h[name] = re.sub(pattern, replacement, h[name])
     if queued:
         for i, trule in enumerate(mapping.ttbr):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from bridge.mapping_rules import MessageFacts, When
 from bridge.targets.when_columns import Rows, Unsupported, kernel
 
-NAMES = ["A", "B", "Region"]
+NAMES = ["A", "B", "Region", "type"]  # "type": a header named as the legacy type is (headers.type is the header)
 TEXT = st.sampled_from(["", "a", "ab", "abc", "b", "eu", "EU", "x-1", "é", "m"])
 
 

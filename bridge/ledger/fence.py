@@ -79,6 +79,11 @@ def epoch_raise(t: sa.Table, job: str, who: str, now: datetime) -> sa.Update:
     return sa.update(t).where(t.c.job == job).values(epoch=t.c.epoch + 1, holder=who[:200], taken_at=now)
 
 
+def epoch_row(t: sa.Table, job: str, who: str, now: datetime) -> sa.Insert:
+    """The statement that makes a job's first epoch (`qbridge check` runs it for a job of its own)."""
+    return sa.insert(t).values(job=job, epoch=1, holder=who[:200], taken_at=now)
+
+
 def take(engine: sa.Engine, schema: str | None, job: str, who: str, connection: str = "the target") -> Fence:
     """Raises the job's epoch (the caller has just taken the job's session lock) and returns it.
     Waits for every transaction of an earlier holder that passed its check to end."""
@@ -96,7 +101,7 @@ def take(engine: sa.Engine, schema: str | None, job: str, who: str, connection: 
         try:
             with engine.begin() as conn:
                 if conn.execute(epoch_raise(t, job, who, now)).rowcount == 0:
-                    conn.execute(sa.insert(t).values(job=job, epoch=1, holder=who[:200], taken_at=now))
+                    conn.execute(epoch_row(t, job, who, now))
                 epoch = conn.execute(sa.select(t.c.epoch).where(t.c.job == job)).scalar_one()
             return Fence(t, job, int(epoch), who)
         except sa_exc.IntegrityError:

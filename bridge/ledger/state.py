@@ -203,9 +203,13 @@ class State:
                 return
         try:
             with engine.begin() as conn:
-                conn.execute(sa.insert(c).values(job=job, queue=queue, version=0, updated_at=naive_utc(utcnow())))
+                conn.execute(self.new_checkpoint(job, queue))
         except sa_exc.IntegrityError:
             pass
+
+    def new_checkpoint(self, job: str, queue: str) -> sa.Insert:
+        """The statement that makes a queue's checkpoint row (`qbridge check` runs it for a job of its own)."""
+        return sa.insert(self.checkpoint).values(job=job, queue=queue, version=0, updated_at=naive_utc(utcnow()))
 
     def lock_checkpoint(self, conn: sa.Connection, job: str, queue: str) -> Checkpoint:
         """Reads the checkpoint row, locked until the caller's transaction ends."""

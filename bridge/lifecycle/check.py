@@ -129,7 +129,7 @@ class Checker:
         if DENIED.search(text):
             named = [(url, n) for url, n in needs if re.search(rf"\b{re.escape(n.table.name)}\b", text)] or needs
             grants = [self.grant(url, n) for url, n in named]
-            return "; ".join(dict.fromkeys(grants)) or "grant the login the rights docs/moving-a-queue.md lists"
+            return " ".join(dict.fromkeys(grants)) or "grant the login the rights docs/moving-a-queue.md lists"
         if _MISSING.search(text):
             if "qbridge_" in text or "proxy queue" in text or "run `qbridge init`" in text:
                 return f"run `qbridge init -c {self.config_path}` (or `qbridge init --print-sql` for a DBA)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -38,14 +38,41 @@ def check(config: Config, runners: list[JobRunner], config_path: str) -> Checker
     checker = Checker(config, config_path)
     seen: set[str] = set()
     for runner in runners:
-        for name, url, engine in ((runner.job.source.connection, runner.source_url, runner.source_engine),
-                                  (runner.job.target.connection, runner.target_url, runner.target_engine)):
-            if name not in seen:
-                seen.add(name)
+        sides = {"source": (runner.job.source.connection, runner.source_url, runner.source_engine),
+                 "target": (runner.job.target.connection, runner.target_url, runner.target_engine)}
+        absent = {side for side, (_, url, _) in sides.items() if _missing_file(url)}
+        for side, (name, url, engine) in sides.items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if side in absent:  # opening it would make an empty file: said (a target's by its tables probe), not opened
+                if side == "source":
+                    checker.run(runner.job.name, f"connection {name}", "database file", (), _no_file(url, side))
+            else:
                 connection_probes(checker, runner, name, url, engine)
-        source_probes(checker, runner)
-        target_probes(checker, runner)
+        if "source" not in absent:
+            unwritable = transactions_probe(checker, runner)
+            source_probes(checker, runner, unwritable)
+        else:
+            unwritable = set()
+        target_probes(checker, runner, unwritable, opened="target" not in absent)
     return checker
+
+
+def _missing_file(url: str) -> bool:
+    path = sqlite_file(url)
+    return path is not None and not path.exists()
+
+
+def _no_file(url: str, side: str) -> Any:
+    def body(rec: Recorder) -> str:
+        raise MissingFile(f"no SQLite database at {sqlite_file(url)}"
+                          + ("; `qbridge init` makes the target's" if side == "target" else "; check the connection's path"))
+    return body
+
+
+class MissingFile(Exception):
+    pass
 
 
 @contextmanager
@@ -88,7 +115,48 @@ class ClockSkew(Exception):
     pass
 
 
-def source_probes(checker: Checker, runner: JobRunner) -> None:
+def transactions_probe(checker: Checker, runner: JobRunner) -> set[str]:
+    """On MariaDB/MySQL, the engine of each table the job changes there (a move-mode source's, a
+    reverse job's legacy target and books): one without transactions (MyISAM, Aria, MEMORY) keeps a
+    rolled-back change, which breaks exactly once, and a probe must not write into it. Returns
+    the names of such tables."""
+    changed: list[tuple[sa.Engine, str, sa.Table]] = []
+    if runner.job.mode == "move" or runner.job.reverse:
+        changed += [(runner.source_engine, runner.source_url, t) for src in runner.sources.values() for t in _tables_of(src)]
+    if runner.job.reverse:
+        changed += [(runner.target_engine, runner.target_url, t) for t in [*_tables_of(runner.target), *runner.state.all_tables()]]
+    mysql = [(e, u, t) for e, u, t in changed if e.dialect.name in ("mysql", "mariadb")]
+    bad: set[str] = set()
+    if not mysql:
+        return bad
+
+    def engines(rec: Recorder) -> str:
+        found: dict[str, str] = {}
+        for engine in dict.fromkeys(e for e, _, _ in mysql):
+            names = [t.name for e, _, t in mysql if e is engine]
+            with rolled_back(engine) as conn:
+                found.update((str(n), str(e)) for n, e in conn.execute(sa.text(
+                    "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+                    "AND TABLE_NAME IN :names").bindparams(sa.bindparam("names", expanding=True)), {"names": names}).all())
+        plain = {n: e for n, e in found.items() if (e or "").lower() not in ("innodb", "xtradb", "ndbcluster", "rocksdb")}
+        bad.update(plain)
+        if plain:
+            raise NoTransactions(", ".join(f"{n} is {e}" for n, e in sorted(plain.items()))
+                                 + ": a table without transactions keeps what a rolled-back transaction wrote, and exactly "
+                                 "once needs the write and the books to commit together; the probes that would change it are not run")
+        return f"the tables the job changes keep transactions ({', '.join(sorted(set(found.values())))})"
+
+    probe = checker.run(runner.job.name, "source", "transactions", (), engines)
+    if not probe.ok and bad:
+        probe.fix = " ".join(f"ALTER TABLE `{n}` ENGINE=InnoDB;" for n in sorted(bad))
+    return bad
+
+
+class NoTransactions(Exception):
+    pass
+
+
+def source_probes(checker: Checker, runner: JobRunner, unwritable: Collection[str] = ()) -> None:
     job, engine, url = runner.job.name, runner.source_engine, runner.source_url
     move = runner.job.mode == "move"
     for queue, source in runner.sources.items():
@@ -119,35 +187,36 @@ def source_probes(checker: Checker, runner: JobRunner) -> None:
                         got = src.fetch_after(conn, None, 1, True)
                     return f"the locking read took {len(got)} row(s), let go at once"
 
-            def consume(rec: Recorder, src: Any = source, rows: list[Any] = rows) -> str:
-                keys = [r.key for r in rows[:1] if r.consumable] or _absent_key(src)
-                if not keys:
-                    return "not run: the queue is empty, and its keys are the queue's own (run again once a message waits)"
-                with rolled_back(engine) as conn:
-                    src.consume(conn, keys)
-                return f"the consume ran on {'a waiting row' if rows else 'a key no row has'} and was rolled back"
+            def consume(rec: Recorder, src: Any = source) -> str:
+                if any(t.name in unwritable for t in _tables_of(src)):
+                    return "not run: a table it changes keeps no transactions (see transactions)"
+                with rolled_back(engine) as conn:  # a key no row has: the statements run, no row changes
+                    src.consume(conn, _absent_key(src))
+                return "the consume ran for a key no row has (no row changed) and was rolled back"
 
             privilege = "UPDATE" if source.system == "nginn" else "DELETE"
             checker.run(job, "source", f"{queue}: locking read", (engine,), locking, needs("UPDATE"))
             checker.run(job, "source", f"{queue}: consume", (engine,), consume, needs(privilege))
 
 
-def _tables_of(source: Any) -> list[sa.Table]:
-    """The tables a source reads and consumes from, for the GRANTs a failure names."""
-    found = [v for v in vars(source).values() if isinstance(v, sa.Table)]
-    tables = getattr(source, "tables", None)
-    if isinstance(tables, dict):
-        found += [t for t in tables.values() if isinstance(t, sa.Table)]
+def _tables_of(side: Any) -> list[sa.Table]:
+    """The tables a source or a legacy target holds (as attributes, or in a dict of them), for
+    the GRANTs a failure names and the engines a probe looks at."""
+    found: list[sa.Table] = []
+    for value in (getattr(side, name, None) for name in getattr(side, "__slots__", ()) or vars(side)):
+        if isinstance(value, sa.Table):
+            found.append(value)
+        elif isinstance(value, dict):
+            found += [t for t in value.values() if isinstance(t, sa.Table)]
     return list(dict.fromkeys(found))
 
 
 def _absent_key(source: Any) -> list[Any]:
-    """A key no row has, where the source's keys are numbers (NGinn's ids, a proxy queue's seq)."""
-    if source.system == "nginn":
-        return [-1]
-    if source.system == "nservicebus":
-        return ["q:-1"]
-    return []
+    """A key of the source's own shape that no row has."""
+    zero = "00000000-0000-0000-0000-000000000000"
+    keys: dict[str, list[Any]] = {"nginn": [-1], "nservicebus": ["q:-1"], "openjms": ["ID:qbridge-check#-1"],
+            "biztalk": [f"Q:{zero}:{zero}", f"S:{zero}:{zero}"]}
+    return keys.get(source.system, [])
 
 
 def _first_batch(runner: JobRunner, source: Any) -> list[Any]:
@@ -163,18 +232,18 @@ def _first_batch(runner: JobRunner, source: Any) -> list[Any]:
         return list(source.fetch_after(conn, None, 1, True))
 
 
-def target_probes(checker: Checker, runner: JobRunner) -> None:
+def target_probes(checker: Checker, runner: JobRunner, unwritable: Collection[str] = (), opened: bool = True) -> None:
     from bridge.lifecycle.init import missing_tables
 
     job, engine, url = runner.job.name, runner.target_engine, runner.target_url
-    missing = missing_tables(checker.config, runner.job)
 
     def books(rec: Recorder) -> str:
+        missing = missing_tables(checker.config, runner.job)
         if missing:
             raise MissingTables(f"missing: {', '.join(missing)}; run `qbridge init`")
         return "qbridge's tables and the queues are there"
 
-    if not checker.run(job, "target", "tables", (), books).ok:
+    if not checker.run(job, "target", "tables", (), books).ok or not opened:
         return
     state_needs = [(url, Need("SELECT, INSERT, UPDATE, DELETE", t)) for t in runner.state.all_tables()]
     for queue, source in runner.sources.items():
@@ -183,6 +252,8 @@ def target_probes(checker: Checker, runner: JobRunner) -> None:
 
             def write(rec: Recorder, out: Any = out, kind: str = kind, table_queue: str = table_queue, src: Any = source,
                       queue: str = queue) -> str:
+                if runner.job.reverse and unwritable:
+                    return "not run: a table it writes keeps no transactions (see transactions)"
                 with rolled_back(engine) as conn:
                     runner.target.begin_batch(conn)
                     if isinstance(out, CanonicalMessage):  # a legacy target's rows, made as a batch makes them
@@ -193,10 +264,8 @@ def target_probes(checker: Checker, runner: JobRunner) -> None:
                     with conn.begin_nested():
                         runner.target.write(conn, [out])
                     _record(runner, conn, queue, src, out)
-                    try:
-                        runner.state.lock_checkpoint(conn, CHECK_JOB, queue)
-                    except RuntimeError:
-                        pass  # no job has that name: the locking read ran and found no row
+                    conn.execute(runner.state.new_checkpoint(CHECK_JOB, queue))  # a job's first pass makes its row
+                    runner.state.lock_checkpoint(conn, CHECK_JOB, queue)
                     said = f"written with a ledger entry, a range row and a quarantined entry; {_read_back_as_endpoint(runner, conn, kind, table_queue, out, before)}"
                 rec.extra_mssql += [_mssql(runner, kind, table_queue)]
                 return said
@@ -293,8 +362,13 @@ def _read_back(runner: JobRunner, conn: sa.Connection, kind: str, table_queue: s
     # the transport's receive: the oldest row, skip-locked (a delayed one due first: the probe's is due in 2000)
     rows = receiver.fetch_after_seq(conn, None, 1) if kind == "queue" else receiver.fetch_after(conn, None, 1, True)
     ours = [r for r in rows if PROBE_TEXT in (r.values.get("headers") or "")]
-    if not ours and kind == "queue":
-        ours = [r for r in receiver.fetch_after_seq(conn, before) if PROBE_TEXT in (r.values.get("headers") or "")]
+    after = before
+    while not ours and kind == "queue":  # behind what committed meanwhile: the receive, page after page
+        page = receiver.fetch_after_seq(conn, after, 500)
+        if not page:
+            break
+        ours = [r for r in page if PROBE_TEXT in (r.values.get("headers") or "")]
+        after = int(page[-1].values["key"])
     if not ours:
         raise ReadBack(f"the transport's receive did not find the row just written to {table_queue!r}")
     row = ours[0]
@@ -311,7 +385,7 @@ class ReadBack(Exception):
 
 def _queue_needs(runner: JobRunner, url: str, kind: str, table_queue: str) -> list[tuple[str, Need]]:
     if runner.job.reverse:
-        return [(url, Need("INSERT", t)) for t in getattr(runner.target, "tables", list)()]
+        return [(url, Need("INSERT", t)) for t in _tables_of(runner.target) if not t.name.startswith("qbridge_")]
     tables = runner.tables
     table = tables.delayed(table_queue) if kind == "delayed" else tables.queue(table_queue)
     return [(url, Need("INSERT", table))]
@@ -335,24 +409,28 @@ def _lock_probes(checker: Checker, runner: JobRunner) -> None:
 
     def lock(rec: Recorder) -> str:
         path = sqlite_file(url)
-        probe = JobLock(engine, runner.job.name, "qbridge check", schema, runner.job.target.connection)
-        if path is not None and not os.path.exists(f"{path}.{probe.name}.lock"):
+        if path is not None:  # a file beside the database, flocked: taken by nothing here (a file would stay)
             if not os.access(path.parent, os.W_OK):
-                raise PermissionError(f"{path.parent} is not writable: the job's lock is a file made there on the first run")
-            return "the job's lock file is made on the first run (its directory is writable)"
+                raise PermissionError(f"{path.parent} is not writable: the job's lock is a file made there on its first run")
+            return "the job's lock is a file beside the database (its directory is writable)"
+        # Under the check's own name: the job's own lock taken now would make a starting `run` stand by a whole tick.
+        probe = JobLock(engine, CHECK_JOB, "qbridge check", schema, runner.job.target.connection)
         rec.extra_mssql.append(acquire_statement("mssql", probe.name)[0])
         try:
-            got = probe._take()
+            if not probe._take():
+                raise RuntimeError("another qbridge check holds its own lock: run it again")
         finally:
             probe.release()
-        return "the job's lock was taken and let go" if got else f"the job is held now by {probe.holder()} (the lock works)"
+        return "a session lock of the kind the job takes was taken and let go"
 
     def fenced(rec: Recorder) -> str:
         who = "qbridge check"
         with rolled_back(engine) as conn:
+            now = datetime.now(UTC).replace(tzinfo=None)
             conn.execute(fence.Fence(jobs, runner.job.name, None, who).statement())
-            conn.execute(fence.epoch_raise(jobs, CHECK_JOB, who, datetime.now(UTC).replace(tzinfo=None)))
-        return "the fence was read and an epoch raised (no job's: rolled back)"
+            conn.execute(fence.epoch_row(jobs, CHECK_JOB, who, now))  # a job's first lock makes its row
+            conn.execute(fence.epoch_raise(jobs, CHECK_JOB, who, now))
+        return "the fence was read, and a row made and its epoch raised for the check's own job (rolled back)"
 
     checker.run(job, "target", "job lock", (engine,), lock)
     checker.run(job, "target", "fence", (engine,), fenced, lambda: [(url, Need("SELECT, INSERT, UPDATE", jobs))])

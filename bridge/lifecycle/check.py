@@ -25,6 +25,10 @@ from bridge.config import Config
 from bridge.db import sqlite_file
 from bridge.timefmt import utcnow
 
+# Text outside Latin-1 and a character outside the Basic Multilingual Plane (4 bytes in UTF-8):
+# a varchar column, a legacy collation or a utf8mb3 table changes or refuses it.
+PROBE_TEXT = "Zażółć gęślą jaźń · 東京 · 𝄞"
+CHECK_JOB = "(qbridge check)"  # a job no config names (names take no parentheses): rows a probe addresses by it are none
 CLOCK_SKEW = 5.0  # seconds a database's clock may differ from this host's before the check fails
 
 
@@ -200,3 +204,26 @@ def clock_of(conn: sa.Connection) -> tuple[float | None, str]:
 
         db_now = db_now.replace(tzinfo=UTC)
     return db_now.timestamp() - host, str(zone)
+
+
+@contextmanager
+def rolled_back(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection in a transaction that is rolled back whatever happens."""
+    with engine.connect() as conn:
+        tx = conn.begin()
+        try:
+            yield conn
+        finally:
+            tx.rollback()
+
+
+def tables_of(side: Any) -> list[sa.Table]:
+    """The tables a source or a legacy target holds (as attributes, or in a dict of them), for
+    the GRANTs a failure names and the engines a probe looks at."""
+    found: list[sa.Table] = []
+    for value in (getattr(side, name, None) for name in getattr(side, "__slots__", ()) or vars(side)):
+        if isinstance(value, sa.Table):
+            found.append(value)
+        elif isinstance(value, dict):
+            found += [t for t in value.values() if isinstance(t, sa.Table)]
+    return list(dict.fromkeys(found))

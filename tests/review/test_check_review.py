@@ -38,7 +38,7 @@ from helpers import Bridge
 
 from bridge.commands.main import main as cli_main
 from bridge.ledger.joblock import JobLock
-from bridge.lifecycle import check_probes
+from bridge.lifecycle import check_probes, check_target
 from tests.commands.test_secrets_and_privileges import PASSWORD, app_role, grant_runtime  # noqa: F401 - the fixture
 from tests.lifecycle.test_check import snapshot
 from tests.systems.test_reverse_openjms import jms2  # noqa: F401 - the fixture
@@ -275,7 +275,7 @@ def test_a_batch_committed_into_the_queue_during_the_write_probe_fails_the_check
     b = make(batch_size=50)
     b.insert(b.ready(12))
     paused, go_on = threading.Event(), threading.Event()
-    original = check_probes._head
+    original = check_target._head
 
     def slow_head(runner: Any, conn: Any, kind: str, table_queue: str) -> Any:
         before = original(runner, conn, kind, table_queue)
@@ -284,7 +284,7 @@ def test_a_batch_committed_into_the_queue_during_the_write_probe_fails_the_check
             go_on.wait(60)
         return before
 
-    monkeypatch.setattr(check_probes, "_head", slow_head)
+    monkeypatch.setattr(check_target, "_head", slow_head)
     t, result = _check_in_thread(b.config)
     try:
         assert paused.wait(60)
@@ -349,15 +349,15 @@ def test_guard_a_pass_reads_past_the_row_the_consume_probe_holds_and_still_moves
 
 KILLED_CHECK = textwrap.dedent("""
     import sys, time, pathlib
-    from bridge.lifecycle import check_probes
+    from bridge.lifecycle import check_target
     from bridge.commands.main import main
     marker = pathlib.Path(sys.argv[1])
-    original = check_probes._read_back_as_endpoint
+    original = check_target._read_back_as_endpoint
     def stuck(*args):
         original(*args)
         marker.write_text("in the write probe")
         time.sleep(3600)
-    check_probes._read_back_as_endpoint = stuck
+    check_target._read_back_as_endpoint = stuck
     main(["check", "-c", sys.argv[2]])
 """)
 

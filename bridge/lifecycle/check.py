@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bridge.config import Config
-from bridge.db import sqlite_file
+from bridge.db import engine_for, sqlite_file
 from bridge.timefmt import utcnow
 
 # Text outside Latin-1 and a character outside the Basic Multilingual Plane (4 bytes in UTF-8):
@@ -145,17 +145,12 @@ class Checker:
 
     def grant(self, url: str, need: Need) -> str:
         """The GRANT of `need` for the login of `url`, in its database's own words."""
-        engine = sa.create_engine(url) if sqlite_file(url) is None else None
-        name = sa.engine.make_url(url).get_backend_name()
-        if engine is None or name == "sqlite":
-            path = sqlite_file(url)
+        path = sqlite_file(url)
+        if path is not None:
             return f"make {path} writable by this user" if need.privilege != "SELECT" else f"make {path} readable by this user"
-        try:
-            login = self._login(url, engine)
-            quoted = engine.dialect.identifier_preparer.format_table(need.table)
-        finally:
-            engine.dispose()
-        return f"GRANT {need.privilege} ON {quoted} TO {login};"
+        engine = engine_for(url)  # the job's own engine: its pool, not one of the check's
+        quoted = engine.dialect.identifier_preparer.format_table(need.table)
+        return f"GRANT {need.privilege} ON {quoted} TO {self._login(url, engine)};"
 
     def _login(self, url: str, engine: sa.Engine) -> str:
         found = self._logins.get(url)

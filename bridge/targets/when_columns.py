@@ -86,20 +86,22 @@ def _tokens(expression: str) -> list[tuple[str, str]]:
 Node = Callable[[Rows], Any]  # gives a Truth, a pa.Array of strings (null: error), a str or a list of str
 
 
-def _or(t: list[tuple[str, str]], at: int) -> tuple[Node, int]:
-    left, at = _and(t, at)
-    while at < len(t) and t[at] == ("op", "||"):
-        right, at = _and(t, at + 1)
-        left = _either(left, right)
+def _chain(t: list[tuple[str, str]], at: int, op: str, operand: Callable[[list[tuple[str, str]], int], tuple[Node, int]],
+           joined: Callable[[Node, Node], Node]) -> tuple[Node, int]:
+    """`operand (op operand)*`, joined left to right."""
+    left, at = operand(t, at)
+    while at < len(t) and t[at] == ("op", op):
+        right, at = operand(t, at + 1)
+        left = joined(left, right)
     return left, at
+
+
+def _or(t: list[tuple[str, str]], at: int) -> tuple[Node, int]:
+    return _chain(t, at, "||", _and, _either)
 
 
 def _and(t: list[tuple[str, str]], at: int) -> tuple[Node, int]:
-    left, at = _relation(t, at)
-    while at < len(t) and t[at] == ("op", "&&"):
-        right, at = _relation(t, at + 1)
-        left = _both(left, right)
-    return left, at
+    return _chain(t, at, "&&", _relation, _both)
 
 
 def _relation(t: list[tuple[str, str]], at: int) -> tuple[Node, int]:

@@ -117,7 +117,12 @@ def test_a_target_without_its_tables_names_init(tmp_path: Path) -> None:
     assert "qbridge_ledger" in tables["said"] and tables["fix"] == f"run `qbridge init -c {b.config}` (or `qbridge init --print-sql` for a DBA)"
 
 
-def _as(b: Bridge, role: str) -> None:
+def as_role_without(b: Bridge, role: str, privilege: str, schema: str, table: str) -> None:
+    """The config's connections as `role`, which has docs/security.md's runtime grants but
+    `privilege` on `schema`.`table`."""
+    grant_runtime(b.source, b.source_schema, role)
+    with b.source.begin() as conn:
+        conn.execute(sa.text(f'REVOKE {privilege} ON "{schema}"."{table}" FROM {role}'))
     app_url = "postgresql+psycopg://" + role + ":" + PASSWORD + "@127.0.0.1/test"
     b.config.write_text(b.config.read_text().replace(f'"{b.source_url}"', f'"{app_url}"'))
 
@@ -125,10 +130,7 @@ def _as(b: Bridge, role: str) -> None:
 def test_a_login_without_insert_on_a_queue_is_told_the_grant(make, app_role: str) -> None:
     b = make()
     b.insert(b.ready(2))
-    grant_runtime(b.source, b.source_schema, app_role)
-    with b.source.begin() as conn:
-        conn.execute(sa.text(f'REVOKE INSERT ON "{b.target_schema}"."Orders" FROM {app_role}'))
-    _as(b, app_role)
+    as_role_without(b, app_role, "INSERT", b.target_schema, "Orders")
     code, report = checked(b.config)
     assert code == 1
     [failed] = failures(report)
@@ -147,10 +149,7 @@ def test_a_login_without_insert_on_a_queue_is_told_the_grant(make, app_role: str
 def test_a_login_without_update_on_a_move_mode_legacy_table_is_told_the_grant(make, app_role: str) -> None:
     b = make(mode="move")
     b.insert(b.ready(2))
-    grant_runtime(b.source, b.source_schema, app_role)
-    with b.source.begin() as conn:
-        conn.execute(sa.text(f'REVOKE UPDATE ON "{b.source_schema}"."MQueue1" FROM {app_role}'))
-    _as(b, app_role)
+    as_role_without(b, app_role, "UPDATE", b.source_schema, "MQueue1")
     code, report = checked(b.config)
     assert code == 1
     failed = {p["what"]: p for p in failures(report)}
@@ -162,10 +161,7 @@ def test_a_login_without_update_on_a_move_mode_legacy_table_is_told_the_grant(ma
 def test_migrate_and_run_check_first_and_move_nothing_when_it_fails(make, app_role: str) -> None:
     b = make()
     b.insert(b.ready(2))
-    grant_runtime(b.source, b.source_schema, app_role)
-    with b.source.begin() as conn:
-        conn.execute(sa.text(f'REVOKE INSERT ON "{b.target_schema}"."Orders" FROM {app_role}'))
-    _as(b, app_role)
+    as_role_without(b, app_role, "INSERT", b.target_schema, "Orders")
     assert b.cli("run", "--check") == 1
     assert b.cli("migrate", "--check") == 1
     assert b.count("Orders") == 0

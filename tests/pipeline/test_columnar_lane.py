@@ -120,6 +120,17 @@ def _json(headers: dict[str, str]) -> str:
         return repr(headers)
 
 
+def lane_outs(b: Bridge) -> list[Any]:
+    """What a batch of the queue's rows (up to 1,000) writes when the columnar lane takes every
+    batch it can (lane_min_rows 1): its one LaneBatch, or the per-row lanes' rows."""
+    runner = b.runner()
+    runner.lane_min_rows = 1
+    source = runner.sources["MQueue1"]
+    with runner.source_engine.connect() as conn:
+        rows = source.fetch_after(conn, None, 1000, False)
+    return process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})[0]
+
+
 def both_lanes(b: Bridge, lock: bool) -> tuple[Any, Any]:
     """(columnar lane, per-row lanes) over the queue's rows: rows written, ledger entries,
     quarantine, consumes and counts."""
@@ -159,13 +170,7 @@ def test_the_columnar_lane_takes_the_common_rows(tmp_path: Path) -> None:
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db")
     assert b.cli("init") == 0
     b.insert(corpus(b.now_local()) * 3)
-    runner = b.runner()
-    runner.lane_min_rows = 1
-    source = runner.sources["MQueue1"]
-    with runner.source_engine.connect() as conn:
-        rows = source.fetch_after(conn, None, 1000, False)
-    outs, *_ = process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})
-    lane = outs[0]
+    lane = lane_outs(b)[0]
     kinds = {(t.kind, t.queue) for t in lane.tables}
     assert {("queue", "Orders"), ("delayed", "Orders"), ("queue", "error")} <= kinds
     by_lane = sum(len(t.positions) for t in lane.tables)

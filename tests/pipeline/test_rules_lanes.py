@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bridge.pipeline.loop import PassStats
 from helpers import MAPPING, Bridge
-from tests.pipeline.test_columnar_lane import both_lanes, nginn_rows, written
+from tests.pipeline.test_columnar_lane import both_lanes, lane_outs, nginn_rows, written
 
 RULES = {
     "type rule": "[[types.rules]]\nmatch = '^Orders\\.(\\w+), Orders$'\nto = 'Shop.\\1, Shop'\n",
@@ -112,7 +112,6 @@ def test_rules_keep_the_columnar_lane(tmp_path: Path, chosen: list[str]) -> None
     are decided by each group's example; routes and skips by header values, body operations and
     header rules split the groups by what they hold of each row (bridge.targets.lane_rules). The
     lane writes rows itself, and the same rows as the per-row lanes."""
-    from bridge.pipeline.columnar import process_columns
     from tests.systems.test_fast_lane import corpus
 
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db", mapping=_mapping(chosen))
@@ -126,13 +125,7 @@ def test_rules_keep_the_columnar_lane(tmp_path: Path, chosen: list[str]) -> None
         if isinstance(doc, dict) and i % 2:
             rows[i] = {**row, "msg_text": orjson.dumps({**doc, "Note": f"note {i}"}).decode()}
     b.insert(rows)
-    runner = b.runner()
-    runner.lane_min_rows = 1
-    source = runner.sources["MQueue1"]
-    with runner.source_engine.connect() as conn:
-        rows = source.fetch_after(conn, None, 1000, False)
-    outs, entries, *_ = process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})
-    lane = outs[0].tables
+    lane = lane_outs(b)[0].tables
     assert sum(len(t.positions) for t in lane) > 0  # the lane wrote rows itself
     headers = [t.headers[i].as_py() for t in lane for i in range(len(t.positions))]
     bodies = [t.bodies[i].as_py() or b"" for t in lane for i in range(len(t.positions))]

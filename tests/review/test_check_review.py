@@ -39,8 +39,8 @@ from helpers import Bridge
 from bridge.commands.main import main as cli_main
 from bridge.ledger.joblock import JobLock
 from bridge.lifecycle import check_probes, check_target
-from tests.commands.test_secrets_and_privileges import PASSWORD, app_role, grant_runtime  # noqa: F401 - the fixture
-from tests.lifecycle.test_check import snapshot
+from tests.commands.test_secrets_and_privileges import app_role  # noqa: F401 - the fixture
+from tests.lifecycle.test_check import as_role_without, snapshot
 from tests.systems.test_reverse_openjms import jms2  # noqa: F401 - the fixture
 
 
@@ -55,11 +55,6 @@ def checked(config: Path, *more: str) -> tuple[int, dict[str, Any] | None]:
 
 def failed(report: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     return [(p["what"], p["said"], p["fix"]) for p in (report or {"probes": []})["probes"] if not p["ok"]]
-
-
-def _as(b: Bridge, role: str) -> None:
-    app_url = "postgresql+psycopg://" + role + ":" + PASSWORD + "@127.0.0.1/test"
-    b.config.write_text(b.config.read_text().replace(f'"{b.source_url}"', f'"{app_url}"'))
 
 
 def wait_until(what: str, cond: Any, timeout: float = 30.0) -> None:
@@ -118,10 +113,7 @@ def test_a_login_without_insert_on_the_fence_or_checkpoint_passes_check_then_syn
     the check's own row, rolled back) and name `GRANT INSERT ON ...{table}`."""
     b = make()
     b.insert(b.ready(2))
-    grant_runtime(b.source, b.source_schema, app_role)
-    with b.source.begin() as conn:
-        conn.execute(sa.text(f'REVOKE INSERT ON "{b.target_schema}"."{table}" FROM {app_role}'))
-    _as(b, app_role)
+    as_role_without(b, app_role, "INSERT", b.target_schema, table)
     code, report = checked(b.config)
     synced = b.cli("sync", "--once")
     assert synced != 0  # the job cannot run with this login: the check must have said so

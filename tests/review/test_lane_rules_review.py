@@ -54,12 +54,10 @@ import pytest
 
 from bridge.demo.samples import nginn_row
 from bridge.mapping_rules import FORCED, MessageFacts, When
-from bridge.pipeline.columnar import process_columns
-from bridge.pipeline.loop import PassStats
 from bridge.targets.reshape import EXAMPLE
 from bridge.targets.when_columns import Rows, kernel
 from helpers import MAPPING, Bridge
-from tests.pipeline.test_columnar_lane import both_lanes
+from tests.pipeline.test_columnar_lane import both_lanes, lane_outs
 
 NOW = datetime(2026, 7, 1, 12, 0)
 
@@ -80,12 +78,7 @@ def _bridge(tmp: Path, rules: str, db: str = "sqlite") -> Bridge:
 
 def _lane_wrote(b: Bridge) -> int:
     """How many rows the columnar lane itself wrote or skipped (not given back)."""
-    runner = b.runner()
-    runner.lane_min_rows = 1
-    source = runner.sources["MQueue1"]
-    with runner.source_engine.connect() as conn:
-        rows = source.fetch_after(conn, None, 1000, False)
-    outs, *_ = process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})
+    outs = lane_outs(b)
     return sum(len(t.positions) for t in getattr(outs[0], "tables", [])) if outs else 0
 
 

@@ -62,7 +62,7 @@ def target_probes(checker: Checker, runner: JobRunner, unwritable: Collection[st
                     conn.execute(runner.state.new_checkpoint(CHECK_JOB, queue))  # a job's first pass makes its row
                     runner.state.lock_checkpoint(conn, CHECK_JOB, queue)
                     said = f"written with a ledger entry, a range row and a quarantined entry; {_read_back_as_endpoint(runner, conn, kind, table_queue, out, before)}"
-                rec.extra_mssql += [_mssql(runner, kind, table_queue)]
+                rec.extra_mssql += _mssql(runner, kind, table_queue)
                 return said
 
             def write_needs(table_queue: str = table_queue, kind: str = kind) -> list[tuple[str, Need]]:
@@ -186,15 +186,16 @@ def _queue_needs(runner: JobRunner, url: str, kind: str, table_queue: str) -> li
     return [(url, Need("INSERT", table))]
 
 
-def _mssql(runner: JobRunner, kind: str, table_queue: str) -> str:
-    """The INSERT the SQL Server flavor runs (where COPY ran here, no statement was executed)."""
+def _mssql(runner: JobRunner, kind: str, table_queue: str) -> list[str]:
+    """The INSERT the SQL Server flavor runs (where COPY ran here, no statement was executed);
+    none for a legacy target, whose inserts were executed and recorded."""
     if runner.job.reverse:
-        return ""
+        return []
     from sqlalchemy.dialects import mssql
 
     tables = runner.tables
     table = tables.delayed(table_queue) if kind == "delayed" else tables.queue(table_queue)
-    return " ".join(str(table.insert().compile(dialect=mssql.dialect())).split())
+    return [" ".join(str(table.insert().compile(dialect=mssql.dialect())).split())]
 
 
 def _lock_probes(checker: Checker, runner: JobRunner) -> None:

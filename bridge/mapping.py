@@ -141,6 +141,11 @@ class Mapping(BaseModel):
         return [name for name, rules in kinds.items() if rules]
 
     @property
+    def rewrites_bodies(self) -> bool:
+        """Whether rules change a body or read one's fields into headers (the lane then keeps the bodies it parsed)."""
+        return bool(self.body or any(r.from_body for r in self.header_rules))
+
+    @property
     def reshapes(self) -> bool:
         """Whether rules change a message's headers, body or expiry after [headers] (bridge.targets.reshape)."""
         return bool(self.header_rules or self.body or self.ttbr or self.transforms)

@@ -86,6 +86,7 @@ class JobSetup:
         self.origins: dict[str, int] = {q: queue_origin(job.source.system, self.database, q) for q in job.source.queues}
         for source in self.sources.values():
             source.configure(self.mapping)
+            source.keep_bodies = self.mapping.rewrites_bodies
             source.due_only = not self.target.schedules
         self._ready: set[str] = set()
         self._ledger_checked = False

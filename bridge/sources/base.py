@@ -51,6 +51,10 @@ class Source:
     # Columns holding times, so that a row kept in quarantine as JSON can be read again.
     time_columns: ClassVar[frozenset[str]] = frozenset()
 
+    # Whether the columnar lane keeps the bodies it parsed, for rules that change or read them
+    # (Mapping.rewrites_bodies; set with the mapping by the runner).
+    keep_bodies: bool = False
+
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         self.job = job
         self.engine = engine

@@ -327,7 +327,7 @@ class NGinnSource(Source):
     def plain_columns(self, rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str]) -> Any:
         from bridge.sources.nginn_lane import plain_columns
 
-        return plain_columns(rows, take, mids, self.clock.tz.key, self.queue, self.plain_of)
+        return plain_columns(rows, take, mids, self.clock.tz.key, self.queue, self.plain_of, self.keep_bodies)
 
     def _failure(self, v: dict[str, Any], kind: Any) -> Any:
         """Why NGinn gave up on a failed row, as `kind` (Failure, or the lane's FailureInfo)."""

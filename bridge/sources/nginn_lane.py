@@ -51,11 +51,11 @@ _SEP = "\x1e"  # between the parts of a group key (a control character, so in no
 
 
 def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str], tz: str, queue: str,
-                  build: Callable[..., PlainMessage]) -> PlainColumns | None:
+                  build: Callable[..., PlainMessage], keep_bodies: bool = False) -> PlainColumns | None:
     """The rows at `take` (with their message ids `mids`) that the lane can prove to be the
     common case, or None when there are none, or the batch does not convert. `tz` is the legacy
     server's zone, `queue` the source queue; `build` is NGinnSource.plain_of, which makes each
-    group's example."""
+    group's example; `keep_bodies`: the columns keep each body as parsed (PlainColumns.docs)."""
     vals = [rows[i].values for i in take]
 
     def column(name: str, kind: pa.DataType) -> pa.Array:
@@ -103,8 +103,11 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         if not e.exception_type or len(e.message) > MESSAGE_MAX:  # its parts hold no other control character
             ok[i] = False
         parsed[i] = e
-    docs = [_object(t) if good else None for t, good in zip(text.to_pylist(), ok.tolist())]
-    body_types = [_root_type(d) for d in docs]
+    objects = (_object(t) if good else None for t, good in zip(text.to_pylist(), ok.tolist()))
+    # Kept only for rules that change or read bodies: a batch of parsed bodies held to the write
+    # costs the plain path its time (the collector walks them) and memory.
+    docs = list(objects) if keep_bodies else None
+    body_types = [_root_type(d) for d in (docs if docs is not None else objects)]
     body_types = [None if t and _CONTROL_CHARS.search(t) else t for t in body_types]
     ok &= np.array([t is not None for t in body_types], dtype=bool)
     names, values, split_ok = _split(headers, len(vals))
@@ -174,7 +177,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         due=pc.if_else(is_due, due_utc, pa.scalar(None, due_utc.type)).take(pick),
         mids=[lane_mids[i] for i in np.flatnonzero(lane).tolist()],
         keys=[row_keys[i] for i in np.flatnonzero(lane).tolist()],
-        docs=[docs[i] for i in keep[lane].tolist()],
+        docs=None if docs is None else [docs[i] for i in keep[lane].tolist()],
     )
 
 

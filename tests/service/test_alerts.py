@@ -190,6 +190,18 @@ def test_each_alert_fires_reaches_a_webhook_and_resolves(tmp_path: Path) -> None
         reload()  # a stopped job takes the new config and runs again
         resolves("QBridgeJobStopped")
         assert not hook.has("firing", "QBridgeJobLockLost"), hook.seen
+
+        def holds_job1() -> bool:  # the stop released the lock; the alert resolves once the reload clears the
+            # stop, which can be before the job's next tick takes the lock again (its back-off may still run).
+            # Unlinking the lock file before then would leave the first run to make a new one, and the taker
+            # would stand by for good.
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{qport}/metrics", timeout=5) as r:
+                    return 'qbridge_job_lock_held{job="job1"} 1.0' in r.read().decode()
+            except OSError:
+                return False
+
+        wait_for("the first run holds job1's lock again", holds_job1, timeout=60, proc=run)
         # a lock lost: the lock file removed by a cleaner, and another process takes the job. The first
         # run learns of it only when a batch of its own meets the new epoch (the fence), so rows keep
         # coming until it has; the taker is a second `qbridge run`, which keeps the job until it stops

@@ -40,7 +40,7 @@ from bridge.codecs.javaser import (
 
 EXTERNAL_FLAGS = SC_EXTERNALIZABLE | SC_BLOCK_DATA
 _PRIMITIVE_CODES = frozenset(b"BCDFIJSZ")
-_CACHE_LIMIT = 1024  # class descriptors and chains remembered across blobs; a real store has a few dozen
+CACHE_LIMIT = 1024  # class descriptors and chains remembered across blobs; a real store has a few dozen
 
 long_at = struct.Struct(">q").unpack_from
 int_at = struct.Struct(">i").unpack_from
@@ -57,7 +57,7 @@ class Decline(Exception):
 # declined; an object still being read holds PENDING, so a reference into it (a cycle) is too.
 BOXED, BYTES, MAP = "boxed", "byte[]", "map"
 PENDING = object()
-_READ_MAP = object()  # the kind of a java.util.HashMap chain
+READ_MAP = object()  # the kind of a java.util.HashMap chain
 
 
 class _Desc:
@@ -69,7 +69,7 @@ class _Desc:
         self.name, self.flags, self.fields = name, flags, fields
 
 
-class _Known:
+class Known:
     """A descriptor seen before, under the bytes of its name, suid, flags and field count."""
 
     __slots__ = ("desc", "tail", "under", "whole")
@@ -82,8 +82,8 @@ class _Known:
         self.under: list[tuple[Any, Any]] = []  # (superclass's entry, this chain's entry), superclass back-referenced
 
 
-_DESCS: dict[bytes, _Known] = {}
-_KINDS: dict[tuple[_Desc, ...], Any] = {}  # chain -> how an object of it is read
+DESCS: dict[bytes, Known] = {}
+KINDS: dict[tuple[_Desc, ...], Any] = {}  # chain -> how an object of it is read
 
 
 class Walker:
@@ -170,7 +170,7 @@ class Walker:
         if key_end > self.end:
             raise Decline
         key = data[pos + 1:key_end]
-        known = _DESCS.get(key)
+        known = DESCS.get(key)
         whole = known.whole if known is not None else None
         if whole is not None and data.startswith(whole[0], key_end):
             self.pos = key_end + len(whole[0])
@@ -179,9 +179,9 @@ class Walker:
         if known is not None and data.startswith(known.tail, key_end):
             desc, tail = known.desc, known.tail
         else:
-            desc, tail = _parse_desc(data, pos + 1, key_end)
-            if known is None and len(_DESCS) < _CACHE_LIMIT:
-                known = _DESCS[key] = _Known(desc, tail)
+            desc, tail = parse_desc(data, pos + 1, key_end)
+            if known is None and len(DESCS) < CACHE_LIMIT:
+                known = DESCS[key] = Known(desc, tail)
             else:
                 known = None  # the same name and suid with other fields: read, not remembered
         pos = self.pos = key_end + len(tail)
@@ -198,7 +198,7 @@ class Walker:
                     return entry
         superclass = self.classdesc(depth + 1)
         chain = (desc,) if superclass is None else (desc, *superclass[1])
-        entry = handles[index] = (None, chain, _kind(chain))
+        entry = handles[index] = (None, chain, kind_of(chain))
         if known is not None and known.whole is None and len(handles) - index == len(chain):
             # Every superclass was new here too (no back-reference): next time the chain is one comparison.
             known.whole = data[key_end:self.pos], entry, handles[index:]
@@ -238,8 +238,8 @@ class Walker:
                 pos = self.pos
                 value = unpack(data, pos)[0]
                 self.pos = pos + size
-                held: Any = (BOXED, (java_class, chr(value) if java_class is _CHARACTER else value))
-            elif kind is _READ_MAP:
+                held: Any = (BOXED, (java_class, chr(value) if java_class is CHARACTER else value))
+            elif kind is READ_MAP:
                 held = MAP, self._hashmap()
             else:  # an externalizable class: its writeExternal payload, then the end of its block data
                 reader = self.EXTERNAL.get(kind) if kind is not None else None
@@ -331,7 +331,7 @@ class Walker:
         return value[1]
 
 
-def _parse_desc(data: bytes, start: int, key_end: int) -> tuple[_Desc, bytes]:
+def parse_desc(data: bytes, start: int, key_end: int) -> tuple[_Desc, bytes]:
     """A descriptor's name, flags and primitive fields, and the bytes from its fields through
     the end of its (empty) class annotation."""
     name = mutf8(data[start + 2:key_end - 11])
@@ -352,37 +352,37 @@ def _parse_desc(data: bytes, start: int, key_end: int) -> tuple[_Desc, bytes]:
     return _Desc(name, data[key_end - 3], tuple(fields)), data[key_end:pos + 1]
 
 
-_CHARACTER = "java.lang.Character"
+CHARACTER = "java.lang.Character"
 _BOXES = {  # class -> (field code, struct of its `value`)
     "java.lang.Boolean": ("Z", ">?"), "java.lang.Byte": ("B", ">b"), "java.lang.Short": ("S", ">h"),
-    _CHARACTER: ("C", ">H"), "java.lang.Integer": ("I", ">i"), "java.lang.Long": ("J", ">q"),
+    CHARACTER: ("C", ">H"), "java.lang.Integer": ("I", ">i"), "java.lang.Long": ("J", ">q"),
     "java.lang.Float": ("F", ">f"), "java.lang.Double": ("D", ">d"),
 }
 _HASHMAP_FIELDS = (("F", "loadFactor"), ("I", "threshold"))
 
 
-def _kind(chain: tuple[_Desc, ...]) -> Any:
+def kind_of(chain: tuple[_Desc, ...]) -> Any:
     """How an object of this class chain is read: the class name of an externalizable class
-    (for EXTERNAL), _READ_MAP, (class, unpack, size) for a boxed primitive, or None. Of the JDK's
+    (for EXTERNAL), READ_MAP, (class, unpack, size) for a boxed primitive, or None. Of the JDK's
     classes only the shapes the JDK writes are taken, so that reading a HashMap's block or a
     box's one `value` field is what reading every class's fields would give."""
     top = chain[0]
     if top.flags & SC_EXTERNALIZABLE:  # javaser refuses one without block data
         return top.name if top.flags & EXTERNAL_FLAGS == EXTERNAL_FLAGS else None
-    if chain in _KINDS:
-        return _KINDS[chain]
+    if chain in KINDS:
+        return KINDS[chain]
     kind: Any = None
     ancestors = chain[1:]
     box = _BOXES.get(top.name)
     if top.name == "java.util.HashMap":
         if not ancestors and top.flags == SC_SERIALIZABLE | SC_WRITE_METHOD and top.fields == _HASHMAP_FIELDS:
-            kind = _READ_MAP
+            kind = READ_MAP
     elif (box is not None and top.flags == SC_SERIALIZABLE and top.fields == ((box[0], "value"),)
           and all(d.flags == SC_SERIALIZABLE and not d.fields for d in ancestors)):
         unpacker = struct.Struct(box[1])
         kind = next(name for name in _BOXES if name == top.name), unpacker.unpack_from, unpacker.size
-    if len(_KINDS) < _CACHE_LIMIT:
-        _KINDS[chain] = kind
+    if len(KINDS) < CACHE_LIMIT:
+        KINDS[chain] = kind
     return kind
 
 

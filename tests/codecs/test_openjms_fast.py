@@ -1,7 +1,10 @@
 """The OpenJMS reader specialised to OpenJMS's own layout (openjms_fast) against the generic
 Java-serialization reader: on every golden vector, on what the encoder writes for every body
 kind and property type, and on fuzzed input, it gives the generic reader's exact answer or
-declines (None), and `decode` then gives the generic answer. It must never give another answer."""
+declines (None), and `decode` then gives the generic answer. It must never give another answer.
+
+Its compiled twin (openjms_native, issue 49), which `decode` uses when it is built, is held to it
+on every one of those blobs: the very same answer (types too: True is not 1) or the same decline."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bridge.codecs import openjms_blob, openjms_fast
+from bridge.codecs.javaser import mutf8
 from bridge.codecs.openjms_blob import PKG, BlobError, JmsMessage, decode, decode_fast, decode_generic
 from bridge.codecs.openjms_encode import encode
 from tests.codecs.test_fuzz_decoders import OPENJMS, mutated
@@ -24,8 +29,19 @@ FUZZ = settings(max_examples=1000, deadline=timedelta(seconds=2), suppress_healt
                 derandomize=True)
 
 
+def test_the_compiled_reader_is_built_and_used() -> None:
+    # setup.py builds it at install (gcc is among what .ci/run installs); without it every
+    # OpenJMS migration runs ~5x slower, which a test run must not hide
+    assert openjms_blob.COMPILED is not None, "bridge.codecs.openjms_native was not built: pip install -e . with gcc"
+    assert openjms_blob._read_parts is openjms_blob.COMPILED
+
+
 def same_or_declined(blob: bytes) -> JmsMessage | None:
-    """The fast reader's answer, checked against the generic one: equal, or a decline."""
+    """The fast reader's answer, checked against the generic one: equal, or a decline; and the
+    compiled reader's answer, the very same as the pure-Python one's."""
+    pure = openjms_fast.read(blob)
+    if openjms_blob.COMPILED is not None:
+        assert repr(openjms_blob.COMPILED(blob)) == repr(pure), "the compiled reader answers otherwise than openjms_fast"
     fast = decode_fast(blob)
     try:
         generic = decode_generic(blob)
@@ -202,3 +218,50 @@ def test_a_pre_076_message_id_is_read_alike() -> None:
     v1 = blob[:at] + b"\x77\x08" + struct.pack(">q", 1) + b"\x74" + struct.pack(">H", len(text)) + text + blob[end:]
     fast = same_or_declined(v1)
     assert fast is not None and fast.headers["JMSMessageID"] == "ID:" + text.decode()
+
+
+def test_without_the_compiled_reader_decode_warns_once_and_reads_alike(monkeypatch, caplog) -> None:
+    blob = _fixture("text_simple.bin")
+    expected = decode(blob).to_json()
+    monkeypatch.setattr(openjms_blob, "COMPILED", None)
+    monkeypatch.setattr(openjms_blob, "_read_parts", openjms_fast.read)
+    monkeypatch.setattr(openjms_blob, "_told", False)
+    with caplog.at_level("WARNING", logger="qbridge.codecs"):
+        assert decode(blob).to_json() == expected
+        assert decode(blob).to_json() == expected
+    told = [r.getMessage() for r in caplog.records if "pure-Python reader" in r.getMessage()]
+    assert len(told) == 1 and "C compiler" in told[0]
+
+
+def _cesu8(units: list[int]) -> bytes:
+    """Java's modified UTF-8 of UTF-16 code units: NUL as C0 80, each surrogate on its own."""
+    out = bytearray()
+    for u in units:
+        if 0 < u < 0x80:
+            out.append(u)
+        elif u < 0x800:
+            out += bytes([0xC0 | u >> 6, 0x80 | u & 0x3F])
+        else:
+            out += bytes([0xE0 | u >> 12, 0x80 | (u >> 6) & 0x3F, 0x80 | u & 0x3F])
+    return bytes(out)
+
+
+def _decoded(decoder, data: bytes) -> object:
+    try:
+        return decoder(data)
+    except Exception as e:  # noqa: BLE001 - which error is compared too
+        return type(e)
+
+
+_units = st.lists(st.one_of(st.integers(0, 0x7F), st.integers(0, 0x7FF), st.integers(0, 0xFFFF),
+                            st.integers(0xD800, 0xDBFF), st.integers(0xDC00, 0xDFFF)), max_size=12)
+
+
+@settings(max_examples=3000, deadline=None, derandomize=True)
+@given(st.one_of(_units.map(_cesu8), st.binary(max_size=12),
+                 st.tuples(_units.map(_cesu8), st.integers(0, 40), st.integers(0, 255)).map(
+                     lambda t: t[0][:t[1]] + bytes([t[2]]) + t[0][t[1] + 1:])))
+def test_the_compiled_modified_utf8_decoder_is_javasers(data: bytes) -> None:
+    from bridge.codecs.openjms_native import modified_utf8
+
+    assert repr(_decoded(modified_utf8, data)) == repr(_decoded(mutf8, data))

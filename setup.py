@@ -1,0 +1,14 @@
+"""The compiled readers (issue 49): built at install by the machine's C compiler through Cython.
+
+`optional=True`: a machine without a compiler still installs qbridge, and the pure-Python
+reader the compiled one is held to (bridge/codecs/openjms_fast.py) does the work, about 5x
+slower; the first OpenJMS blob read then logs a WARNING that says so (bridge/codecs/openjms_blob.py).
+"""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+setup(ext_modules=cythonize(
+    [Extension("bridge.codecs.openjms_native", ["bridge/codecs/openjms_native.pyx"], optional=True)],
+    compiler_directives={"language_level": 3},
+))

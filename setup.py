@@ -1,4 +1,4 @@
-"""The compiled readers (issue 49): built at install by the machine's C compiler through Cython.
+"""The compiled readers of OpenJMS blobs and BizTalk context bags (issue 49): built at install by the machine's C compiler through Cython.
 
 `optional=True`: a machine without a compiler still installs qbridge, and the pure-Python
 reader the compiled one is held to (bridge/codecs/openjms_fast.py) does the work, about 5x
@@ -9,6 +9,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 setup(ext_modules=cythonize(
-    [Extension("bridge.codecs.openjms_native", ["bridge/codecs/openjms_native.pyx"], optional=True)],
+    [Extension(f"bridge.codecs.{name}", [f"bridge/codecs/{name}.pyx"], optional=True)
+     for name in ("openjms_native", "biztalk_native")],
     compiler_directives={"language_level": 3},
 ))

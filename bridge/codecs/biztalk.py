@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import codecs
 import functools
-import math
 import struct
 import zlib
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from decimal import Decimal
+from collections.abc import Callable
 from typing import Any
 
-CLSID_C4 = bytes.fromhex("C4E0906C1849D311A24200C04F60A533")
-CLSID_D4 = bytes.fromhex("D4E0906C1849D311A24200C04F60A533")
-VT_ARRAY = 0x2000
+from bridge.codecs.biztalk_values import (
+    CLSID_C4,
+    CLSID_D4,
+    MAX_ITEMS,
+    VT_ARRAY,
+    BizTalkFormatError,
+    ContextProperty,
+    currency,
+    ole_date,
+)
+from bridge.codecs.compiled import compiled, tell_missing
+
+# biztalk_native.decode_context when it was built: the same answers for a bag that follows the layout, None for any other.
+COMPILED_CONTEXT: Callable[[bytes], tuple[str, list[ContextProperty]] | None] | None = compiled("biztalk_native", "decode_context")
 MAX_BLOCK = 1 << 20  # BizTalk writes at most 35,840 bytes a block; anything near this is corrupt
-MAX_ITEMS = 1_000_000
-OLE_EPOCH = datetime(1899, 12, 30)
 
 # VARTYPE -> (struct format, size); strings and special cases are handled apart.
 _SCALARS = {
@@ -32,24 +38,6 @@ _SCALARS = {
 VT_NAMES = {0: "VT_EMPTY", 1: "VT_NULL", 2: "VT_I2", 3: "VT_I4", 4: "VT_R4", 5: "VT_R8", 6: "VT_CY", 7: "VT_DATE",
             8: "VT_BSTR", 10: "VT_ERROR", 11: "VT_BOOL", 14: "VT_DECIMAL", 16: "VT_I1", 17: "VT_UI1", 18: "VT_UI2",
             19: "VT_UI4", 20: "VT_I8", 21: "VT_UI8", 22: "VT_INT", 23: "VT_UINT"}
-
-
-class BizTalkFormatError(ValueError):
-    """A context bag or part stream that does not follow the MessageBox layout."""
-
-
-@dataclass(frozen=True)
-class ContextProperty:
-    name: str
-    namespace: str
-    vt: int
-    context_property_type: int
-    is_array: bool
-    value: Any
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "namespace": self.namespace, "vt": self.vt,
-                "context_property_type": self.context_property_type, "is_array": self.is_array, "value": self.value}
 
 
 class _Cursor:
@@ -109,16 +97,6 @@ def _struct(fmt: str) -> struct.Struct:
     return struct.Struct(fmt)
 
 
-def ole_date(value: float) -> str:
-    """An OLE Automation date (days since 1899-12-30; the fraction is the time even below zero) as ISO text."""
-    if math.isnan(value) or abs(value) > 2_958_466:  # or past year 9999
-        raise BizTalkFormatError(f"VT_DATE {value!r} is out of range")
-    days = int(value)
-    ms = round(abs(value - days) * 86_400_000)
-    dt = OLE_EPOCH + timedelta(days=days, milliseconds=ms)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}"
-
-
 def _scalar(c: _Cursor, vt: int) -> Any:
     if vt in (8, 14):  # BSTR; DECIMAL is stored as its text
         return c.string()
@@ -126,8 +104,8 @@ def _scalar(c: _Cursor, vt: int) -> Any:
         return c.unpack("<h", 2) != 0
     if vt == 7:
         return ole_date(c.unpack("<d", 8))
-    if vt == 6:  # CY: int64 in units of 1/10000
-        return str(Decimal(c.unpack("<q", 8)) / 10000)
+    if vt == 6:
+        return currency(c.unpack("<q", 8))
     if vt in (0, 1):
         return None
     if vt in _SCALARS:
@@ -158,6 +136,18 @@ def _value(c: _Cursor) -> tuple[int, bool, Any]:
 
 def decode_context(blob: bytes) -> tuple[str, list[ContextProperty]]:
     """(layout, properties in stored order) of an imgContext blob; BizTalkFormatError saying why not."""
+    if COMPILED_CONTEXT is None:
+        tell_missing("biztalk_native", "BizTalk context bags")
+    else:
+        got = COMPILED_CONTEXT(blob)
+        if got is not None:
+            return got
+    return decode_context_python(blob)
+
+
+def decode_context_python(blob: bytes) -> tuple[str, list[ContextProperty]]:
+    """decode_context by the pure-Python reader: the reference the compiled one is held to, and
+    the one that words what is wrong with a bag."""
     c = _Cursor(bytes(blob))
     clsid = c.take(16)
     props: list[ContextProperty] = []

@@ -7,32 +7,19 @@ Layouts: shared/fixtures/openjms/README.md and reference/legacy-sources.md §2.2
 from __future__ import annotations
 
 import base64
-import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.codecs import openjms_fast
+from bridge.codecs.compiled import compiled, tell_missing
 from bridge.codecs.javaser import JavaArray, JavaObject, JavaStreamError, Payload, mutf8, read, utf16
 
-log = logging.getLogger("qbridge.codecs")
 Parts = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
-
-
-def _compiled() -> Callable[[bytes], Parts | None] | None:
-    try:
-        from bridge.codecs.openjms_native import read as compiled
-    except ImportError:
-        return None
-    return compiled
-
-
-# The compiled reader (built at install, setup.py) when there is one; openjms_fast, which it is
-# held to, when there is not (no C compiler at install): the same answers, ~5x slower.
-COMPILED = _compiled()
+# The compiled twin of openjms_fast (openjms_native.pyx) when it was built: the same answers, ~5x faster.
+COMPILED: Callable[[bytes], Parts | None] | None = compiled("openjms_native", "read")
 _read_parts: Callable[[bytes], Parts | None] = COMPILED or openjms_fast.read
-_told = False
 
 PKG = "org.exolab.jms.message."
 MESSAGE_TYPES = {
@@ -86,12 +73,8 @@ def decode(blob: bytes) -> JmsMessage:
 
 def decode_fast(blob: bytes) -> JmsMessage | None:
     """What openjms_fast (or its compiled twin) reads of a blob in OpenJMS's own layout; None where it declines."""
-    global _told
-    if COMPILED is None and not _told:
-        _told = True
-        log.warning("OpenJMS blobs are read by the pure-Python reader: bridge.codecs.openjms_native was not built "
-                    "(no C compiler when qbridge was installed?); install gcc and the Python headers and reinstall "
-                    "qbridge for a reader about 5x faster")
+    if COMPILED is None:
+        tell_missing("openjms_native", "OpenJMS blobs")
     parts = _read_parts(blob)
     if parts is None:
         return None

@@ -15,10 +15,9 @@ from typing import Any, NamedTuple
 import orjson
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from bridge.codecs.jsonsafe import ascii_text, raw_json, writable
-from bridge.ledger import quarantine_rows
+from bridge.ledger import ledger_lookup, quarantine_rows
 from bridge.ledger.failure_groups import GROUP_LENGTH, group_of
 from bridge.ledger.fence import jobs_table
 from bridge.ledger.gaps import Gap
@@ -317,18 +316,7 @@ class State:
         return out
 
     def _entries(self, conn: sa.Connection, origin: int, keys: Sequence[str]) -> dict[str, str]:
-        l = self.ledger
-        mine = l.c.origin == origin
-        if conn.dialect.name == "postgresql":
-            # One array parameter instead of 1000 placeholders the driver must parse per batch.
-            stmt = sa.select(l.c.source_key, l.c.outcome).where(
-                mine, l.c.source_key == sa.any_(sa.bindparam("keys", type_=ARRAY(sa.String))))
-            return dict(conn.execute(stmt, {"keys": list(keys)}).all())
-        out: dict[str, str] = {}
-        for start in range(0, len(keys), 1000):
-            chunk = list(keys[start:start + 1000])
-            out.update(conn.execute(sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key.in_(chunk))).all())
-        return out
+        return ledger_lookup.entries(conn, self.ledger, origin, keys)
 
     def record(self, conn: sa.Connection, job: str, queue: str, origin: int, entries: Sequence[LedgerEntry],
                quarantined: Sequence[Quarantined], ranged: bool = False) -> None:

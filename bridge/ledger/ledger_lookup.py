@@ -1,0 +1,37 @@
+"""Which of a batch's source keys the ledger already holds, and with what outcome: the lookup
+every batch makes before it delivers (a key found is `already`, never delivered again)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
+
+# ASCII's unit separator: no system's message id holds it, and a batch with a key that does is
+# looked up by the array (the count below tells).
+KEY_SEPARATOR = "\x1f"
+
+
+def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[str]) -> dict[str, str]:
+    """source key -> outcome, for those of `keys` in the ledger under `origin`."""
+    l = ledger
+    mine = l.c.origin == origin
+    if conn.dialect.name == "postgresql":
+        # One parameter instead of 1000 placeholders the driver must parse per batch: the keys
+        # joined by a character none of them holds, split by the server. psycopg dumps a text[]
+        # element by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one
+        # text, under 1 µs a key.
+        joined = KEY_SEPARATOR.join(keys)
+        if joined and joined.count(KEY_SEPARATOR) == len(keys) - 1:
+            split = sa.func.string_to_array(sa.bindparam("keys", type_=sa.Text), KEY_SEPARATOR, type_=ARRAY(sa.Text))
+            stmt = sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key == sa.any_(split))
+            return dict(conn.execute(stmt, {"keys": joined}).all())
+        stmt = sa.select(l.c.source_key, l.c.outcome).where(
+            mine, l.c.source_key == sa.any_(sa.bindparam("keys", type_=ARRAY(sa.String))))
+        return dict(conn.execute(stmt, {"keys": list(keys)}).all())
+    out: dict[str, str] = {}
+    for start in range(0, len(keys), 1000):
+        chunk = list(keys[start:start + 1000])
+        out.update(conn.execute(sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key.in_(chunk))).all())
+    return out

@@ -69,6 +69,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--handles", type=int, nargs="+", default=[200_000, 2_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
+    p.add_argument("--logs", type=Path, help="keep each command's log here (name-handles.log)")
     args = p.parse_args()
     py = sys.executable
     results: dict[int, dict[str, tuple[float, int]]] = {}
@@ -84,10 +85,15 @@ def main() -> None:
             subprocess.run([py, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
             results[n] = {}
             for name, cmd in (("migrate", ["migrate"]), ("sync", ["sync", "--once"]), ("verify", ["verify", "--json"])):
-                seconds, peak, _, _ = timed([py, "-m", "bridge", *cmd, "-c", str(cfg)], work)
+                seconds, peak, err, cpu = timed([py, "-m", "bridge", *cmd, "-c", str(cfg)], work)
                 results[n][name] = (seconds, peak)
                 rate = f"  {n / seconds:8,.0f} handles/s" if name == "migrate" else ""
                 print(f"  {name:8} {seconds:7.1f} s  peak RSS {peak / 2**20:6.0f} MiB{rate}", flush=True)
+                # where the time goes (issue 49: the fall from 200k to 2M): CPU by process kind, per handle
+                print(f"           {bench.cpu_line(seconds, cpu)}; "
+                      + ", ".join(f"{k} {v / n * 1e6:.0f} µs" for k, v in cpu.items() if v >= 0.05) + " a handle", flush=True)
+                if args.logs:
+                    (args.logs / f"{name}-{n}.log").write_text(err)
             delivered = bench.count(args.pg, f'"{TGT}"."Orders"')
             distinct = bench.count(args.pg, f'(SELECT DISTINCT headers::json->>\'NServiceBus.MessageId\' FROM "{TGT}"."Orders") d')
             print(f"  delivered {delivered:,} rows, {distinct:,} distinct message ids (expected {n:,})", flush=True)

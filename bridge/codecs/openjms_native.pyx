@@ -51,6 +51,7 @@ cdef enum:
     EXTERNAL_FLAGS = 0x0C  # SC_EXTERNALIZABLE | SC_BLOCK_DATA
     BASE_HANDLE = 0x7E0000
     DESTINATION_SIZE = 29
+    MAX_DEPTH = 64  # stricter than openjms_fast (Python's limit lets it go ~300 deep): a decline, never another answer
 
 cdef extern from "Python.h":
     object PyUnicode_FromKindAndData(int kind, const void* buffer, Py_ssize_t size)
@@ -218,6 +219,7 @@ cdef class _Reader:
     cdef const unsigned char* p
     cdef Py_ssize_t pos, end
     cdef list handles
+    cdef int depth  # objects being read inside one another (a message nests 3 deep)
     # the last segment read: its buffer (the stream, or its joined blocks) and bounds
     cdef bytes seg
     cdef Py_ssize_t s0, s1
@@ -228,6 +230,7 @@ cdef class _Reader:
         self.end = len(data)
         self.pos = 0
         self.handles = []
+        self.depth = 0
 
     cdef inline int byte(self, Py_ssize_t i) except -1:
         if i < 0 or i >= self.end:
@@ -386,6 +389,11 @@ cdef class _Reader:
         cdef int64_t n
         cdef int tc = self.byte(pos)
         if tc == TC_OBJECT:
+            # C calls know no recursion limit: a blob nesting objects tens of thousands deep would
+            # overflow the C stack where openjms_fast meets Python's limit and declines.
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise Decline
             if self.byte(pos + 1) == TC_REFERENCE:  # the usual case after a class's first object
                 self.pos = pos + 6
                 kind = self.desc_at(pos + 1)[2]
@@ -412,6 +420,7 @@ cdef class _Reader:
                     raise Decline
                 self.pos += 1
             handles[index] = held
+            self.depth -= 1
             return held
         if tc == TC_NULL:
             self.pos = pos + 1

@@ -65,6 +65,19 @@ def seed(url: str, n: int) -> None:
         conn.execute("ANALYZE message_handles")
 
 
+def io_line(url: str, n: int) -> str:
+    """Blocks a handle that PostgreSQL read from outside its shared buffers (the OS cache or the
+    disk), and found in them, by table and by its indexes, since the schemas were made: where the
+    database's work per handle grows with the size of the store."""
+    with psycopg.connect(libpq(url), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT schemaname || '.' || relname, coalesce(heap_blks_read, 0), coalesce(heap_blks_hit, 0), "
+            "coalesce(idx_blks_read, 0), coalesce(idx_blks_hit, 0) FROM pg_statio_user_tables "
+            "WHERE schemaname IN (%s, %s) ORDER BY heap_blks_read + idx_blks_read DESC LIMIT 5", (SRC, TGT)).fetchall()
+    return "           blocks a handle (read/hit, heap; index): " + "; ".join(
+        f"{name} {hr / n:.2f}/{hh / n:.2f}; {ir / n:.2f}/{ih / n:.2f}" for name, hr, hh, ir, ih in rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--handles", type=int, nargs="+", default=[200_000, 2_000_000])
@@ -94,6 +107,8 @@ def main() -> None:
                       + ", ".join(f"{k} {v / n * 1e6:.0f} µs" for k, v in cpu.items() if v >= 0.05) + " a handle", flush=True)
                 if args.logs:
                     (args.logs / f"{name}-{n}.log").write_text(err)
+                if name == "migrate":
+                    print(io_line(args.pg, n), flush=True)
             delivered = bench.count(args.pg, f'"{TGT}"."Orders"')
             distinct = bench.count(args.pg, f'(SELECT DISTINCT headers::json->>\'NServiceBus.MessageId\' FROM "{TGT}"."Orders") d')
             print(f"  delivered {delivered:,} rows, {distinct:,} distinct message ids (expected {n:,})", flush=True)

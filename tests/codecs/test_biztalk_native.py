@@ -120,7 +120,7 @@ def d4_bags(draw: st.DrawFn) -> bytes:
 _bags = st.one_of(c4_bags(), d4_bags())
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(_bags)
 def test_bags_of_every_type_in_both_layouts_read_alike(blob: bytes) -> None:
     same_or_declined(blob)
@@ -138,7 +138,7 @@ def _mutated(draw: st.DrawFn) -> bytes:
     return bytes(data[:cut] if draw(st.booleans()) else data)
 
 
-@settings(max_examples=1500, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(_mutated())
 def test_mutated_and_cut_bags_read_alike_or_decline(blob: bytes) -> None:
     same_or_declined(blob)

@@ -242,26 +242,32 @@ cdef class _Reader:
         return at + n <= self.end and memcmp(self.p + at, <char*>prefix, n) == 0
 
     # -- block data ------------------------------------------------------------------------
-    cdef int segment(self) except -1:
-        """The primitive data up to the next object, consecutive segments joined, into seg/s0/s1."""
-        cdef Py_ssize_t pos = self.pos, start, end, n
+    cdef Py_ssize_t block(self, Py_ssize_t pos, Py_ssize_t* start) except -1:
+        """The block-data segment whose header is at pos: its end, its start into `start`."""
+        cdef Py_ssize_t end, n
         cdef int tc = self.byte(pos)
         if tc == TC_BLOCKDATA:
-            start = pos + 2
-            end = start + self.byte(pos + 1)
+            start[0] = pos + 2
+            end = start[0] + self.byte(pos + 1)
         elif tc == TC_BLOCKDATALONG:
-            start = pos + 5
-            if start > self.end:
+            start[0] = pos + 5
+            if start[0] > self.end:
                 raise Decline
             n = _i(self.p + pos + 1)
             if n < 0:
                 raise Decline
-            end = start + n
+            end = start[0] + n
         else:
             raise Decline
         if end >= self.end:  # a payload always ends with its end marker
             raise Decline
-        tc = self.p[end]
+        return end
+
+    cdef int segment(self) except -1:
+        """The primitive data up to the next object, consecutive segments joined, into seg/s0/s1."""
+        cdef Py_ssize_t start
+        cdef Py_ssize_t end = self.block(self.pos, &start)
+        cdef int tc = self.p[end]
         if tc == TC_BLOCKDATA or tc == TC_BLOCKDATALONG:
             return self.joined(start, end)
         self.pos = end
@@ -270,22 +276,10 @@ cdef class _Reader:
 
     cdef int joined(self, Py_ssize_t start, Py_ssize_t end) except -1:
         cdef list parts = [self.data[start:end]]
-        cdef Py_ssize_t pos = end, n
+        cdef Py_ssize_t pos = end
         cdef int tc = self.p[pos]
         while tc == TC_BLOCKDATA or tc == TC_BLOCKDATALONG:
-            if tc == TC_BLOCKDATA:
-                start = pos + 2
-                end = start + self.byte(pos + 1)
-            else:
-                start = pos + 5
-                if start > self.end:
-                    raise Decline
-                n = _i(self.p + pos + 1)
-                if n < 0:
-                    raise Decline
-                end = start + n
-            if end >= self.end:
-                raise Decline
+            end = self.block(pos, &start)
             parts.append(self.data[start:end])
             pos = end
             tc = self.p[pos]

@@ -19,7 +19,7 @@ import itertools
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -207,7 +207,7 @@ def _preview_slice(config: Config, job: str, queue: str, ledger: bool, after: in
 
 
 def _batches(runner: JobRunner, source: Source, sconn: sa.Connection, kconn: sa.Connection,
-             after: int | None = None, upto: int | None = None) -> Iterator[list[SourceRow]]:
+             after: int | None = None, upto: int | None = None) -> Iterator[Sequence[SourceRow]]:
     """`after`/`upto`: the key range of a slice (increasing keys only)."""
     size = runner.job.batch_size
     if source.cursor == "monotonic":
@@ -227,7 +227,7 @@ def _batches(runner: JobRunner, source: Source, sconn: sa.Connection, kconn: sa.
         yield source.fetch_after(sconn, None, QUEUE_HEAD, False)
 
 
-def _count(runner: JobRunner, source: Source, tconn: sa.Connection | None, rows: list[SourceRow], q: QueuePreview) -> None:
+def _count(runner: JobRunner, source: Source, tconn: sa.Connection | None, rows: Sequence[SourceRow], q: QueuePreview) -> None:
     keys = [source.ledger_key(r) for r in rows]
     known = runner.state.known(tconn, runner.origins[source.queue], keys, ranged=source.cursor == "monotonic") if tconn else {}
     translated: frozenset[str] = getattr(source, "translated_headers", frozenset())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -19,11 +20,12 @@ from bridge.errors import BadRow
 from bridge.ledger.ranges import AlreadyRecorded
 from bridge.ledger.state import LedgerEntry, Quarantined
 from bridge.model import PlainMessage, message_ids
-from bridge.pipeline.columnar import process_columns, takes_columns
+from bridge.pipeline.columnar import lane, takes_columns
 from bridge.pipeline.job import JobSetup, LedgerConflict
 from bridge.pipeline.refusals import refused, write_refusing
 from bridge.pipeline.stats import PassStats
 from bridge.sources import Source, SourceRow
+from bridge.sources.fetched import ledger_keys
 from bridge.targets.base import Skipped, Target
 from bridge.timefmt import utcnow
 
@@ -33,7 +35,7 @@ log = logging.getLogger("qbridge.batch")
 class Batch(JobSetup):
     """The batch step of JobRunner."""
 
-    def _deliver(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+    def _deliver(self, tconn: sa.Connection, source: Source, rows: Sequence[SourceRow], lock: bool, stats: PassStats,
                  known: dict[str, str] | None = None) -> list:
         """Decodes, maps and writes `rows` with their ledger entries in the caller's target
         transaction; returns the keys move mode may consume once it commits."""
@@ -42,10 +44,7 @@ class Batch(JobSetup):
             tracing.link_messages(r.values.get("headers") for r in rows)
         mapped = time.perf_counter()
         counted = replace(stats)
-        if takes_columns(self, source):
-            outs, entries, quarantined, consume = process_columns(self, tconn, source, rows, lock, stats, known)
-        else:
-            outs, entries, quarantined, consume = self._process(tconn, source, rows, lock, stats, known)
+        outs, entries, quarantined, consume = self._settle(tconn, source, rows, lock, stats, known)
         stats.t_map += time.perf_counter() - mapped
         try:
             try:
@@ -68,7 +67,33 @@ class Batch(JobSetup):
             ) from None
         return consume
 
-    def _refusing(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
+    def _settle(self, tconn: sa.Connection, source: Source, rows: Sequence[SourceRow], lock: bool, stats: PassStats,
+                known: dict[str, str] | None, places: list[int] | None = None
+                ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
+        """What to write, the ledger entries, the quarantined rows and the keys to consume of a
+        batch: the columnar lane's share first, where it takes one, then the per-row lanes' rest.
+        The write is one LaneBatch in batch order where the lane took rows; else what `_process`
+        gives, `places` filled as it fills it."""
+        keys = ledger_keys(source, rows)
+        if known is None:  # scan passes looked their keys up already (and pass {})
+            known = self.state.known(tconn, self.origins[source.queue], keys, ranged=source.cursor == "monotonic")
+        taken = lane(self, source, rows, keys, known, lock) if takes_columns(self, source) else None
+        if taken is None:
+            return self._process(tconn, source, rows, lock, stats, known, places, keys)
+        stats.delivered += taken.delivered
+        stats.skipped += taken.skipped
+        before = stats.delivered
+        rest_at = (~taken.taken).nonzero()[0]
+        rest = rest_at.tolist()
+        rest_places: list[int] = []
+        outs, more, quarantined, consumed = self._process(tconn, source, [rows[i] for i in rest], lock, stats, known,
+                                                          rest_places, [keys[i] for i in rest])
+        if taken.oldest is not None:
+            lag = max(0.0, (utcnow() - taken.oldest).total_seconds())
+            stats.lag_seconds = max(lag, stats.lag_seconds or 0.0) if stats.delivered > before else lag
+        return [taken.write(rest_at, rest_places, outs)], taken.entries + more, quarantined, taken.consume + consumed
+
+    def _refusing(self, tconn: sa.Connection, source: Source, rows: Sequence[SourceRow], lock: bool, stats: PassStats,
                   known: dict[str, str] | None) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
         """`_process` by the per-row lanes, written row group by row group under savepoints: what
         `_deliver` records, each row the target refused quarantined instead of delivered."""
@@ -93,13 +118,14 @@ class Batch(JobSetup):
             log.warning("job=%s queue=%s key=%s: quarantined: %s", self.job.name, source.queue, key, reason)
         return [], entries, quarantined, [k for k in consume if k not in dropped] if dropped else consume
 
-    def _process(self, tconn: sa.Connection, source: Source, rows: list[SourceRow], lock: bool, stats: PassStats,
-                 known: dict[str, str] | None = None, places: list[int] | None = None
+    def _process(self, tconn: sa.Connection, source: Source, rows: Sequence[SourceRow], lock: bool, stats: PassStats,
+                 known: dict[str, str] | None = None, places: list[int] | None = None, keys: list[str] | None = None
                  ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
         """Decodes and maps `rows` one by one (fast lane, then validated path): what to write, the
         ledger entries, the quarantined rows and the keys to consume; `places`, when given, gets
-        each written row's index in `rows`."""
-        keys = [source.ledger_key(r) for r in rows]
+        each written row's index in `rows`; `keys`: the rows' ledger keys, when known."""
+        if keys is None:
+            keys = ledger_keys(source, rows)
         ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
             known = self.state.known(tconn, self.origins[source.queue], keys, ranged=source.cursor == "monotonic")

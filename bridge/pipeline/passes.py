@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,6 +24,7 @@ from bridge.pipeline.logcontext import about
 from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
 from bridge.retry import RETRIES
 from bridge.sources import Source, SourceRow
+from bridge.sources.fetched import joined, keys_of
 from bridge.timefmt import utcnow
 
 log = logging.getLogger("qbridge.batch")
@@ -66,6 +68,7 @@ class Passes(Batch):
                 raise LedgerConflict(f"a rollback of {source.queue!r} owes legacy rows back; the pass is redone after "
                                      "they are given back")
             given_up: list[Gap] = []
+            rows: Sequence[SourceRow]
             if source.cursor == "scan":
                 rows, stats.more, consume, known = self._scan(sconn, tconn, source, lock)
             elif source.cursor == "queue":  # consumed as read: the head of the queue, skip-locked
@@ -77,7 +80,7 @@ class Passes(Batch):
                 # window but after the last pass looked (an outage, a sparse schedule, a long
                 # migration) is found on the pass that would otherwise drop its gap.
                 late = source.fetch_ranges(sconn, [(g.lo, g.hi) for g in cp.gaps], lock)
-                still_open, given_up = expire(fill(cp.gaps, [r.key for r in late]), now, job.window_seconds)
+                still_open, given_up = expire(fill(cp.gaps, keys_of(late)), now, job.window_seconds)
                 if given_up:
                     # A committed row the skip-locked read stepped over (a receiver holds it) is
                     # no gap to give up: its gap stays open until the row is read.
@@ -86,13 +89,14 @@ class Passes(Batch):
                     if kept:
                         still_open += kept
                         given_up = [g for g in given_up if g not in kept]
-                rows, consume, known = late + new, [], None
+                rows, consume, known = joined(late, new), [], None
                 stats.more = len(new) >= job.batch_size
                 # Before the first row ever read, every id from 1 up may still commit late.
                 start = cp.high if cp.high is not None else 0
-                cp.gaps = still_open + holes(start, [r.key for r in new], now)
-                if new:
-                    cp.high = new[-1].key
+                new_keys = keys_of(new)
+                cp.gaps = still_open + holes(start, new_keys, now)
+                if new_keys:
+                    cp.high = new_keys[-1]
             if consume and cp.pending:  # a scan's leftovers that are pending are _consume_pending's
                 carried_keys = {pending_key(k) for k in cp.pending}
                 consume = [k for k in consume if pending_key(k) not in carried_keys]

@@ -20,6 +20,7 @@ from bridge.pipeline.passes import Passes
 from bridge.pipeline.stats import PassStats, RangeResult
 from bridge.retry import RETRIES, with_backoff
 from bridge.sources import Source, SourceRow
+from bridge.sources.fetched import keys_of
 
 log = logging.getLogger("qbridge.batch")
 UNIT_POLL = 1.0  # seconds between looks at a pause or a hold, for a waiting Spark task
@@ -44,7 +45,7 @@ class Units(Passes):
         while True:
             rows = self._range_batch(source, cursor, upto, result.stats)
             now = time.time()
-            keys = [r.key for r in rows]
+            keys = keys_of(rows)
             start = cursor if cursor is not None else 0
             result.gaps += holes(start, keys, now)
             if len(rows) < self.job.batch_size:
@@ -54,8 +55,8 @@ class Units(Passes):
                 return result
             cursor = keys[-1]
 
-    def _range_batch(self, source: Source, after: int | None, upto: int, total: PassStats) -> list[SourceRow]:
-        def batch() -> list[SourceRow]:
+    def _range_batch(self, source: Source, after: int | None, upto: int, total: PassStats) -> Sequence[SourceRow]:
+        def batch() -> Sequence[SourceRow]:
             return self._batch_tx(source, lambda sconn, lock: source.fetch_after(sconn, after, self.job.batch_size, lock, upto=upto), total)
 
         return with_backoff(batch, f"job {self.job.name} queue {source.queue} ids {after}..{upto}")
@@ -68,7 +69,7 @@ class Units(Passes):
         for start in range(0, len(keys), size):
             chunk = keys[start:start + size]
 
-            def batch(c: Sequence[Any] = chunk) -> list[SourceRow]:
+            def batch(c: Sequence[Any] = chunk) -> Sequence[SourceRow]:
                 return self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats)
 
             with_backoff(batch, f"job {self.job.name} queue {queue} keys {chunk[0]}..{chunk[-1]}")
@@ -92,7 +93,7 @@ class Units(Passes):
             new = chunk if self.job.mode == "move" else [k for k in chunk if k not in known]
             result.stats.already += len(chunk) - len(new)
             if new:
-                def batch(c: Sequence[Any] = new) -> list[SourceRow]:
+                def batch(c: Sequence[Any] = new) -> Sequence[SourceRow]:
                     return self._batch_tx(source, lambda sconn, lock: source.fetch_keys(sconn, c, lock), result.stats)
 
                 with_backoff(batch, f"job {self.job.name} queue {queue} keys {new[0]}..{new[-1]}")
@@ -100,18 +101,18 @@ class Units(Passes):
                 return result
             cursor = last
 
-    def _batch_tx(self, source: Source, fetch, total: PassStats) -> list[SourceRow]:
+    def _batch_tx(self, source: Source, fetch, total: PassStats) -> Sequence[SourceRow]:
         """One batch in the two transactions of a pass; `total` is only added to once it commits."""
         with tracing.span("qbridge.batch", job=self.job.name, queue=source.queue, mode=self.job.mode,
                           retries=RETRIES.get() or None) as s:
             return self._unit_batch(source, fetch, total, s)
 
-    def _unit_batch(self, source: Source, fetch, total: PassStats, span: Any) -> list[SourceRow]:
+    def _unit_batch(self, source: Source, fetch, total: PassStats, span: Any) -> Sequence[SourceRow]:
         lock = self.job.mode == "move"
         self._wait_to_go()
         stats = PassStats(source.queue)
         started = time.monotonic()
-        rows: list[SourceRow] = []
+        read: list[Sequence[SourceRow]] = []  # the batch's rows, once read (a Fetched is no list to extend)
         flight: list[str] = []  # the batch's row in qbridge_inflight, once its target commit went through
         if lock and not self.inflight_kept():
             raise TargetSchemaError(
@@ -121,7 +122,8 @@ class Units(Passes):
 
         def deliver(sconn: sa.Connection) -> list:
             begun = time.perf_counter()
-            rows.extend(fetch(sconn, lock))
+            read.append(fetch(sconn, lock))
+            rows = read[0]
             fetched = time.perf_counter()
             stats.t_read += fetched - begun
             while True:
@@ -152,6 +154,7 @@ class Units(Passes):
             return consume
 
         self._in_source_tx(source, stats, deliver)
+        rows = read[0]
         if flight:
             with self.target_engine.begin() as tconn:
                 self.state.inflight.drop(tconn, self.job.name, source.queue, flight[0])

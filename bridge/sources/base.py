@@ -73,11 +73,12 @@ class Source:
         raise NotImplementedError
 
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
-                    upto: int | None = None) -> list[SourceRow]:
-        """Rows with after < key <= upto, ascending, at most `limit`; `lock` takes them skip-locked."""
+                    upto: int | None = None) -> Sequence[SourceRow]:
+        """Rows with after < key <= upto, ascending, at most `limit`; `lock` takes them skip-locked
+        (a list, or a Fetched: bridge.sources.fetched)."""
         raise NotImplementedError
 
-    def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:
+    def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> Sequence[SourceRow]:
         """Rows whose key lies in one of the inclusive ranges (re-checking id gaps)."""
         raise NotImplementedError
 

@@ -17,7 +17,8 @@ from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.identifiers import check_fits
 from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
-from bridge.sources.base import Source, SourceRow, Subscription, dict_rows
+from bridge.sources.base import Source, SourceRow, Subscription
+from bridge.sources.fetched import Fetched, fetched
 from bridge.timefmt import LocalClock, utcnow, zone
 
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
@@ -108,11 +109,11 @@ class NGinnSource(Source):
             stmt = stmt.with_hint(t, "WITH (READPAST)", "mssql")
         return stmt
 
-    def _rows(self, result: sa.CursorResult) -> list[SourceRow]:
-        return [SourceRow(int(v["id"]), v["subqueue"] in CONSUMABLE, v) for v in dict_rows(result)]
+    def _rows(self, result: sa.CursorResult) -> Fetched:
+        return fetched(result, "id", int, "subqueue", CONSUMABLE.__contains__)
 
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
-                    upto: int | None = None) -> list[SourceRow]:
+                    upto: int | None = None) -> Fetched:
         stmt = self._select(lock).limit(limit)
         if after is not None:
             stmt = stmt.where(self.table.c.id > after)
@@ -120,11 +121,11 @@ class NGinnSource(Source):
             stmt = stmt.where(self.table.c.id <= upto)
         return self._rows(conn.execute(stmt))
 
-    def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> list[SourceRow]:
+    def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> Sequence[SourceRow]:
         c = self.table.c.id
-        rows: list[SourceRow] = []
+        rows: Sequence[SourceRow] = []
         for chunk in _range_chunks(ranges):
-            rows += self._rows(conn.execute(self._select(lock).where(sa.or_(*(c.between(lo, hi) for lo, hi in chunk)))))
+            rows = rows + self._rows(conn.execute(self._select(lock).where(sa.or_(*(c.between(lo, hi) for lo, hi in chunk)))))
         return rows
 
     def keys_in(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]]) -> set[int]:
@@ -396,5 +397,4 @@ STATEMENT_RANGES = 200
 
 
 def _range_chunks(ranges: Sequence[tuple[int, int]]) -> Iterator[Sequence[tuple[int, int]]]:
-    for start in range(0, len(ranges), STATEMENT_RANGES):
-        yield ranges[start:start + STATEMENT_RANGES]
+    return (ranges[start:start + STATEMENT_RANGES] for start in range(0, len(ranges), STATEMENT_RANGES))

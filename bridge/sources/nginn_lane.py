@@ -37,6 +37,7 @@ from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
 from bridge.sources.columns import np_bool as _np
 from bridge.sources.columns import wire as _wire
 from bridge.sources.columns import wire_where as _wire_where
+from bridge.sources.fetched import keys_of, values_at
 
 LANE_STATES = {"I": "ready", "R": "delayed", "X": "processed", "F": "failed"}
 # What str.strip() strips besides the space (every character whose isspace() is true; a test
@@ -56,10 +57,8 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     common case, or None when there are none, or the batch does not convert. `tz` is the legacy
     server's zone, `queue` the source queue; `build` is NGinnSource.plain_of, which makes each
     group's example; `keep_bodies`: the columns keep each body as parsed (PlainColumns.docs)."""
-    vals = [rows[i].values for i in take]
-
     def column(name: str, kind: pa.DataType) -> pa.Array:
-        a = pa.array([v[name] for v in vals])
+        a = pa.array(values_at(rows, take, name))
         if isinstance(a, pa.ChunkedArray):  # over 2 GiB of text in one batch: the per-row lanes take it
             raise TypeError(f"{name}: {a.num_chunks} chunks")
         if a.type == pa.null():
@@ -80,7 +79,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
                  ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id")}
     except (TypeError, pa.ArrowException):
         return None  # a driver gave other types: the per-row lane looks at each value
-    counts = [v["retry_count"] for v in vals]
+    counts = values_at(rows, take, "retry_count")
     ok = np.array([type(c) is int and c >= 0 for c in counts], dtype=bool)
     ok &= _np(pc.is_in(subqueue, value_set=pa.array(list(LANE_STATES))))
     ok &= _np(pc.is_valid(inserted)) & _np(pc.is_valid(retried)) & _np(pc.is_valid(text))
@@ -110,7 +109,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     body_types = [_root_type(d) for d in (docs if docs is not None else objects)]
     body_types = [None if t and _CONTROL_CHARS.search(t) else t for t in body_types]
     ok &= np.array([t is not None for t in body_types], dtype=bool)
-    names, values, split_ok = _split(headers, len(vals))
+    names, values, split_ok = _split(headers, len(take))
     ok &= split_ok
     if not ok.any():
         return None
@@ -138,7 +137,8 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     encoded = pc.dictionary_encode(key)
     groups = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
     _, first = np.unique(groups, return_index=True)
-    row_keys = [str(rows[take[i]].key) for i in keep.tolist()]
+    keys = keys_of(rows)
+    row_keys = [str(keys[take[i]]) for i in keep.tolist()]
     lane_mids = [mids[i] for i in keep.tolist()]
     examples = []
     for g, at in enumerate(first.tolist()):

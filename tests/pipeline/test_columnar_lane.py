@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from bridge.codecs.nservicebus import headers_json
 from bridge.demo.samples import nginn_body
-from bridge.pipeline.columnar import process_columns
 from bridge.pipeline.loop import PassStats
 from bridge.targets.writer import LaneBatch
 from helpers import Bridge
@@ -128,7 +127,7 @@ def lane_outs(b: Bridge) -> list[Any]:
     source = runner.sources["MQueue1"]
     with runner.source_engine.connect() as conn:
         rows = source.fetch_after(conn, None, 1000, False)
-    return process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})[0]
+    return runner._settle(None, source, rows, False, PassStats("MQueue1"), {})[0]
 
 
 def both_lanes(b: Bridge, lock: bool) -> tuple[Any, Any]:
@@ -144,8 +143,10 @@ def both_lanes(b: Bridge, lock: bool) -> tuple[Any, Any]:
         stats = PassStats("MQueue1")
         copies = [r._replace(values=dict(r.values)) for r in rows]
         places: list[int] = []
-        if columnar:
-            outs, entries, quarantined, consume = process_columns(runner, None, source, copies, lock, stats, {}, places)
+        if columnar:  # the batch as the fetch gives it (bridge.sources.fetched), read again
+            with runner.source_engine.connect() as conn:
+                fetched = source.fetch_after(conn, None, 1000, False)
+            outs, entries, quarantined, consume = runner._settle(None, source, fetched, lock, stats, {}, places)
         else:
             outs, entries, quarantined, consume = runner._process(None, source, copies, lock, stats, {}, places)
         results.append((written(outs, places), sorted(entries), sorted((q.message_id, q.source_key, q.reason, str(q.raw))

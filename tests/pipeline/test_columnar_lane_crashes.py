@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from bridge.pipeline.columnar import process_columns
 from bridge.pipeline.loop import PassStats
 from helpers import kill_at
 from tests.pipeline.test_exactly_once import _exactly_once
@@ -22,7 +21,7 @@ def _lane_takes_them(b) -> None:
     source = runner.sources["MQueue1"]
     with runner.source_engine.connect() as conn:
         rows = source.fetch_after(conn, None, 200, False)
-    outs, *_ = process_columns(runner, None, source, rows, False, PassStats("MQueue1"), {})
+    outs, *_ = runner._settle(None, source, rows, False, PassStats("MQueue1"), {})
     assert sum(len(t.positions) for t in outs[0].tables) == 200
 
 

@@ -1,6 +1,6 @@
 """The columnar lane of the sources that decode row by row (issue 37: "OpenJMS and BizTalk keep
 per-row blob decoding, but their header assembly and writes join the lane"): for OpenJMS and
-BizTalk the lane (pipeline/columnar.process_columns over sources/plain_lane) gives exactly what
+BizTalk the lane (Batch._settle: pipeline/columnar.lane over sources/plain_lane) gives exactly what
 the per-row lanes give (the same transport rows with the same header JSON in the same order,
 bodies, due times, ledger entries, quarantine, consumes and counts), and takes the common rows.
 A property-based test holds it to the per-row lanes on JMS messages of every shape: properties,
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from bridge.codecs.openjms_blob import JmsMessage
 from bridge.codecs.openjms_encode import encode
 from bridge.demo.samples import openjms_message
-from bridge.pipeline.columnar import process_columns, takes_columns
+from bridge.pipeline.columnar import takes_columns
 from bridge.pipeline.stats import PassStats
 from bridge.sources.plain_lane import plain_columns_of
 from tests.pipeline.test_columnar_lane import written
@@ -41,7 +41,7 @@ def lanes(runner: Any, queue: str, rows: list[Any], lock: bool) -> tuple[Any, An
         copies = [r._replace(values=dict(r.values)) for r in rows]
         places: list[int] = []
         if columnar:
-            outs, entries, quarantined, consume = process_columns(runner, None, source, copies, lock, stats, {}, places)
+            outs, entries, quarantined, consume = runner._settle(None, source, copies, lock, stats, {}, places)
             if outs and hasattr(outs[0], "tables"):
                 by_lane = sum(len(t.positions) for t in outs[0].tables)
         else:

@@ -102,7 +102,6 @@ def test_an_error_inside_the_lane_sends_the_batch_to_the_per_row_lanes_and_is_sa
     per-row lanes, and the warning (with its trace) comes once per queue, not once per batch."""
     import logging
 
-    from bridge.pipeline.columnar import process_columns
     from bridge.pipeline.loop import PassStats
 
     now = datetime.now().replace(microsecond=0)
@@ -119,7 +118,7 @@ def test_an_error_inside_the_lane_sends_the_batch_to_the_per_row_lanes_and_is_sa
     caplog.set_level(logging.DEBUG, logger="qbridge.batch")
     for _ in range(3):
         stats = PassStats("MQueue1")
-        outs, entries, quarantined, _consume = process_columns(runner, None, source, rows, False, stats, {})
+        outs, entries, quarantined, _consume = runner._settle(None, source, rows, False, stats, {})
         assert stats.delivered == 80 and len(outs) == 80 and not quarantined
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "columnar lane failed" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].exc_info is not None

@@ -5,7 +5,7 @@ conversation) id grouped with one without took the other's choice of NServiceBus
 (60 of 70 rows of a queue of requests and replies got another id), and a header name that spells
 a marker was filled with the row's key.
 
-Each test compares process_columns with Batch._process on the same rows, as
+Each test compares Batch._settle (the lane first) with Batch._process on the same rows, as
 tests/pipeline/test_columnar_lane_decoded.py does, on SQLite.
 """
 
@@ -20,7 +20,6 @@ import orjson
 from bridge.codecs.openjms_blob import JmsMessage
 from bridge.codecs.openjms_encode import encode
 from bridge.demo.samples import openjms_message
-from bridge.pipeline.columnar import process_columns
 from bridge.pipeline.stats import PassStats
 from bridge.targets.writer import LaneBatch
 from tests.pipeline.test_columnar_lane_decoded import jms_rows, lanes
@@ -64,7 +63,7 @@ def _lane_rows(runner: Any, queue: str, rows: list[Any]) -> dict[str, dict[str, 
     """Each row's written headers (by message id), through the columnar lane."""
     runner.lane_min_rows = 1
     source = runner.sources[queue]
-    outs, *_ = process_columns(runner, None, source, [r._replace(values=dict(r.values)) for r in rows], False,
+    outs, *_ = runner._settle(None, source, [r._replace(values=dict(r.values)) for r in rows], False,
                                PassStats(queue), {}, [])
     if len(outs) == 1 and isinstance(outs[0], LaneBatch):
         found = [orjson.loads(t.headers[i].as_py()) for t in outs[0].tables for i in range(len(t.positions))]

@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge import tracing
-from bridge.pipeline.columnar import process_columns
 from bridge.pipeline.loop import PassStats
 from helpers import Bridge
 from tests.pipeline.test_columnar_lane import nginn_rows
@@ -63,7 +62,7 @@ def written_with_tracing(b: Bridge, columnar: bool) -> dict[str, list[Any]]:
         tx = tconn.begin()
         stats = PassStats("MQueue1")
         if columnar:
-            outs, *_ = process_columns(runner, tconn, source, rows, False, stats, {})
+            outs, *_ = runner._settle(tconn, source, rows, False, stats, {})
         else:
             outs, *_ = runner._process(tconn, source, rows, False, stats, {})
         runner.target.write(tconn, outs)

@@ -16,8 +16,9 @@ failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then 
   (d) the plain pipe: the ready rows' columns (id, headers text, body as bytes, times) with
       `COPY ... TO STDOUT (FORMAT BINARY)` into `COPY ... FROM STDIN (FORMAT BINARY)` of a
       same-shaped table, no transformation (what the database spends moving these bytes),
-  (e) dlt: `sql_table` (pyarrow backend) -> `postgres` destination (parquet loader files), the
-      whole table, as dlt's docs recommend for speed,
+  (e) dlt: `sql_table` (pyarrow backend) -> `postgres` destination (parquet loader files, which
+      dlt loads through ADBC: adbc-driver-postgresql is in the bench extra, and without it dlt
+      quietly loads insert_values at half the rate), the whole table, as dlt's docs recommend for speed,
   (f) the floor, not a goal's reference: (d)'s pipe into the table exactly-once must write per
       message, the transport's queue table (uuid primary key, seq), in one transaction (NGinn's
       ledger is one range row per 1,024 keys since issue 27: nothing per message); f/d is what
@@ -550,9 +551,16 @@ def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
         (small, vs), (large, vl) = verified[0], verified[-1]
         print(f"verify at {large:,} / at {small:,}: peak RSS {vl[1] / max(1, vs[1]):.2f}, time {vl[0] / vs[0]:.2f}")
     if "e" in present:
+        import importlib.util
+
         import dlt
 
-        print(f"(e) is dlt {dlt.__version__}")
+        # dlt loads parquet into PostgreSQL through ADBC only: without adbc-driver-postgresql it
+        # drops parquet for its insert_values default and ran at half the rate (docs/benchmarks.md).
+        adbc = importlib.util.find_spec("adbc_driver_postgresql") is not None
+        print(f"(e) is dlt {dlt.__version__}, " + ("parquet loaded through ADBC (its fast path)" if adbc else
+              "WITHOUT adbc-driver-postgresql: dlt falls back to insert_values, not its fast path "
+              "(pip install -e '.[bench]')"))
 
 
 def main() -> None:

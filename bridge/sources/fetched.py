@@ -93,12 +93,13 @@ def fetched(result: sa.CursorResult, key: str, key_of: Callable[[Any], Any], con
 
 
 def keys_of(rows: Sequence[SourceRow]) -> list[Any]:
-    """Each row's key, in order (a Fetched's without making its rows)."""
+    """Each row's key, in order (a Fetched's without making its rows: its own list, to read, not to change)."""
     return rows.keys if isinstance(rows, Fetched) else [r.key for r in rows]
 
 
 def consumable_of(rows: Sequence[SourceRow]) -> list[bool]:
-    """Whether move mode may consume each row, in order (a Fetched's without making its rows)."""
+    """Whether move mode may consume each row, in order (a Fetched's without making its rows: its
+    own list, to read, not to change)."""
     return rows.consumable if isinstance(rows, Fetched) else [r.consumable for r in rows]
 
 

@@ -110,7 +110,8 @@ class OpenJMSSource(ScanSource):
 
     def _destination(self, conn: sa.Connection) -> tuple[int, bool] | None:
         d = self.t["destinations"]
-        row = conn.execute(sa.select(d.c.destinationid, d.c.isqueue).where(d.c.name == self.queue)).first()
+        row = conn.execute(sa.select(d.c.destinationid, d.c.isqueue).where(d.c.name == self.queue)
+                           .order_by(d.c.destinationid)).first()  # the one `_here` reads
         return None if row is None else (int(row[0]), is_queue(row[1]))
 
     # -- reading ---------------------------------------------------------------------------
@@ -138,17 +139,23 @@ class OpenJMSSource(ScanSource):
         """Handles of this destination by consumer and message id: the order of OpenJMS's own
         index message_handles_pk (destinationId, consumerId, messageId), so that slices and
         their pages are index range scans, not a sort of the whole destination per page."""
-        h, d = self.t["message_handles"], self.t["destinations"]
-        return (sa.select(h.c.consumerid.label("c"), h.c.messageid.label("m"))
-                .select_from(h).join(d, d.c.destinationid == h.c.destinationid).where(d.c.name == self.queue).subquery())
+        h = self.t["message_handles"]
+        return sa.select(h.c.consumerid.label("c"), h.c.messageid.label("m")).where(self._here(h)).subquery()
+
+    def _here(self, h: sa.Table) -> sa.ColumnElement[bool]:
+        """Handles of this destination, by its id as one value: joined by name, the planner could
+        not tell that the index's order is the keyset's, and read every handle after a page's
+        start and sorted them for each page (issue 49: 980 ms a page at 2M handles, 0.8 ms so)."""
+        d = self.t["destinations"]
+        return h.c.destinationid == sa.select(d.c.destinationid).where(d.c.name == self.queue) \
+            .order_by(d.c.destinationid).limit(1).scalar_subquery()
 
     walks_oldest_first: ClassVar[bool] = False  # the keyset goes by consumer and message id
 
     def iter_aged(self, conn: sa.Connection) -> Iterator[tuple[str, tuple[int, int]]]:
         """Every handle in the keyset's order, aged by OpenJMS's delivery order (accepted first)."""
-        h, d = self.t["message_handles"], self.t["destinations"]
-        stmt = (sa.select(h.c.messageid, h.c.consumerid, h.c.acceptedtime, h.c.sequencenumber)
-                .select_from(h).join(d, d.c.destinationid == h.c.destinationid).where(d.c.name == self.queue)
+        h = self.t["message_handles"]
+        stmt = (sa.select(h.c.messageid, h.c.consumerid, h.c.acceptedtime, h.c.sequencenumber).where(self._here(h))
                 .order_by(h.c.consumerid, h.c.messageid).execution_options(stream_results=True, yield_per=10_000))
         for mid, cid, accepted, seq in conn.execute(stmt):
             yield self.key_of(mid, cid), (accepted if accepted is not None else -1, seq if seq is not None else -1)

@@ -110,9 +110,15 @@ class OpenJMSSource(ScanSource):
 
     def _destination(self, conn: sa.Connection) -> tuple[int, bool] | None:
         d = self.t["destinations"]
-        row = conn.execute(sa.select(d.c.destinationid, d.c.isqueue).where(d.c.name == self.queue)
-                           .order_by(d.c.destinationid)).first()  # the one `_here` reads
-        return None if row is None else (int(row[0]), is_queue(row[1]))
+        rows = conn.execute(sa.select(d.c.destinationid, d.c.isqueue).where(d.c.name == self.queue)
+                            .order_by(d.c.destinationid).limit(2)).all()
+        if len(rows) > 1:
+            # OpenJMS keeps one row a name; PostgreSQL's create script does not enforce it. Read
+            # from one, the other's handles would be neither delivered nor counted.
+            raise SourceSchemaError(f"OpenJMS destinations {int(rows[0][0])} and {int(rows[1][0])} are both named "
+                                    f"{self.queue!r}: qbridge reads a destination by its name; remove or rename the "
+                                    "one OpenJMS does not use (destinations.name)")
+        return None if not rows else (int(rows[0][0]), is_queue(rows[0][1]))
 
     # -- reading ---------------------------------------------------------------------------
     def _handles(self, with_blob: bool) -> sa.Select:

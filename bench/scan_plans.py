@@ -51,14 +51,22 @@ def _captured(engine: sa.Engine, run: Any) -> list[tuple[str, Any]]:
     return seen
 
 
-def _explain(engine: sa.Engine, statement: str, parameters: Any) -> dict[str, Any]:
+def _explain(engine: sa.Engine, statements: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """The plans of the SELECTs among `statements`, run in one transaction as captured (a SET
+    among them, as the ledger lookup makes, holds for the SELECTs after it)."""
+    plans = []
     with engine.connect() as conn:
         raw = conn.connection.driver_connection
         with raw.cursor() as cur:
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, parameters)
-            plan = cur.fetchone()[0]
+            for statement, parameters in statements:
+                if not statement.lstrip().upper().startswith("SELECT"):
+                    cur.execute(statement, parameters)
+                    continue
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, parameters)
+                plan = cur.fetchone()[0]
+                plans.append((plan if isinstance(plan, list) else json.loads(plan))[0])
         conn.rollback()
-    return (plan if isinstance(plan, list) else json.loads(plan))[0]
+    return plans
 
 
 def _tree(node: dict[str, Any], depth: int = 0) -> list[str]:
@@ -110,19 +118,19 @@ def measure(url: str, n: int, pages: int, work: Path) -> None:
         # [1:]: the fetch's first statement finds the destination's id
         for name, statements in (("page", page), ("lookup", lookup), ("fetch", fetch[1:])):
             engine = runner.target_engine if name == "lookup" else runner.source_engine
-            for statement, parameters in statements:
-                plan = _explain(engine, statement, parameters)
+            plans = _explain(engine, statements)
+            for plan in plans:
                 t = totals.setdefault(name, [0.0, 0.0, 0.0, 0.0])
                 t[0] += plan["Execution Time"]
                 t[1] += plan["Plan"].get("Shared Hit Blocks", 0)
                 t[2] += plan["Plan"].get("Shared Read Blocks", 0)
-                t[3] += len(keys) / len(statements)
+                t[3] += len(keys) / len(plans)
                 last[name] = plan
     print(f"  {n:,} handles, {len(cuts)} pages of {size:,}:")
     for name, (ms, hit, read, handles) in totals.items():
         print(f"    {name:7s} {ms / handles * 1000:7.1f} µs a handle, blocks a handle: hit {hit / handles:5.2f}, "
               f"read {read / handles:5.2f}", flush=True)
-    for name in ("page", "fetch"):
+    for name in ("page", "lookup", "fetch"):
         print(f"    the last page's {name}:")
         print("\n".join(_tree(last[name]["Plan"])), flush=True)
 

@@ -18,20 +18,32 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
     l = ledger
     mine = l.c.origin == origin
     if conn.dialect.name == "postgresql":
-        # One parameter instead of 1000 placeholders the driver must parse per batch: the keys
-        # joined by a character none of them holds, split by the server. psycopg dumps a text[]
-        # element by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one
-        # text, under 1 µs a key.
-        joined = KEY_SEPARATOR.join(keys)
-        if joined and joined.count(KEY_SEPARATOR) == len(keys) - 1:
-            split = sa.func.string_to_array(sa.bindparam("keys", type_=sa.Text), KEY_SEPARATOR, type_=ARRAY(sa.Text))
-            stmt = sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key == sa.any_(split))
-            return dict(conn.execute(stmt, {"keys": joined}).all())
-        stmt = sa.select(l.c.source_key, l.c.outcome).where(
-            mine, l.c.source_key == sa.any_(sa.bindparam("keys", type_=ARRAY(sa.String))))
-        return dict(conn.execute(stmt, {"keys": list(keys)}).all())
+        # By the ledger's key. A batch's keys are neighbours in it (scan sources walk in the
+        # ledger's order), but PostgreSQL costs each of a batch's 1,000-2,000 probes as a random
+        # disk read and, below some millions of entries, reads every entry of the queue instead,
+        # every batch: 22 µs a key at 200k entries, 3.7 by the key (bench/scan_plans.py, issue
+        # 49). For this statement only; a failed one takes the setting away with its transaction.
+        conn.exec_driver_sql("SET LOCAL random_page_cost = 1.1")
+        found = _postgresql(conn, l, mine, keys)
+        conn.exec_driver_sql("SET LOCAL random_page_cost TO DEFAULT")
+        return found
     out: dict[str, str] = {}
     for start in range(0, len(keys), 1000):
         chunk = list(keys[start:start + 1000])
         out.update(conn.execute(sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key.in_(chunk))).all())
     return out
+
+
+def _postgresql(conn: sa.Connection, l: sa.Table, mine: sa.ColumnElement[bool], keys: Sequence[str]) -> dict[str, str]:
+    # One parameter instead of 1000 placeholders the driver must parse per batch: the keys
+    # joined by a character none of them holds, split by the server. psycopg dumps a text[]
+    # element by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one
+    # text, under 1 µs a key.
+    joined = KEY_SEPARATOR.join(keys)
+    if joined and joined.count(KEY_SEPARATOR) == len(keys) - 1:
+        split = sa.func.string_to_array(sa.bindparam("keys", type_=sa.Text), KEY_SEPARATOR, type_=ARRAY(sa.Text))
+        stmt = sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key == sa.any_(split))
+        return dict(conn.execute(stmt, {"keys": joined}).all())
+    stmt = sa.select(l.c.source_key, l.c.outcome).where(
+        mine, l.c.source_key == sa.any_(sa.bindparam("keys", type_=ARRAY(sa.String))))
+    return dict(conn.execute(stmt, {"keys": list(keys)}).all())

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from bridge.codecs.echo import ECHO_HEADER
 from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
+from bridge.db import among
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
@@ -191,7 +192,7 @@ class OpenJMSSource(ScanSource):
             # destination, consumer). messageId IN alone made every batch scan the whole table.
             stmt = self._handles(True).where(h.c.destinationid == dest[0],
                                              h.c.consumerid.in_(sorted({c for c, _ in chunk})),
-                                             h.c.messageid.in_(sorted({m for _, m in chunk})))
+                                             among(h.c.messageid, sorted({m for _, m in chunk}), conn.dialect.name))
             for values in dict_rows(conn.execute(stmt)):
                 key = self.key_of(values["messageid"], values["consumerid"])
                 if key in wanted:  # a pair of another chunk matches this chunk's two lists too: taken once

@@ -92,3 +92,51 @@ def test_the_split_keys_use_the_ledgers_key_index(pg_server, pg_schema) -> None:
             f"WHERE origin = 1 AND source_key = ANY(string_to_array(:k, :s))"), {"k": keys, "s": KEY_SEPARATOR}))
     condition = plan.split("Index Cond")[1].splitlines()[0]
     assert f"using {table.name}_pkey" in plan and "source_key" in condition and "ANY" in condition, plan
+
+
+def test_a_batch_is_looked_up_by_the_ledger_key_not_by_reading_the_queue(pg_server: str, pg_schema: str) -> None:
+    """issue 49: below some millions of entries PostgreSQL read every entry of the queue for a
+    batch's lookup (a bitmap over the origin, or a scan), costing its key probes as random disk
+    reads; the lookup runs with the probes costed as the neighbours they are, and the setting
+    does not outlive it."""
+    import json
+
+    from bridge.ledger.ledger_lookup import entries
+    from bridge.ledger.state import ledger_table
+
+    engine = sa.create_engine(pg_server)
+    ledger = ledger_table(pg_schema)
+    with engine.begin() as conn:
+        ledger.create(conn)
+        conn.exec_driver_sql(
+            f'INSERT INTO "{pg_schema}".qbridge_ledger (origin, source_key, message_id, job, queue, outcome, at) '
+            "SELECT 7, 'ID:k-' || lpad(g::text, 7, '0') || '#100', md5(g::text)::uuid::text, 'j', 'q', 'delivered', "
+            "now() FROM generate_series(1, 100000) g")
+        conn.exec_driver_sql(f'ANALYZE "{pg_schema}".qbridge_ledger')
+    keys = [f"ID:k-{g:07d}#100" for g in range(50_001, 52_001)]
+    seen: list[tuple[str, object]] = []
+
+    def capture(conn: object, cursor: object, statement: str, parameters: object, *_: object) -> None:
+        seen.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    with engine.begin() as conn:
+        before = conn.exec_driver_sql("SHOW random_page_cost").scalar()
+        found = entries(conn, ledger, 7, keys)
+        assert conn.exec_driver_sql("SHOW random_page_cost").scalar() == before
+    sa.event.remove(engine, "before_cursor_execute", capture)
+    assert len(found) == 2000
+    plans = []
+    with engine.connect() as conn:  # the lookup's statements again, its SELECT explained
+        cur = conn.connection.driver_connection.cursor()
+        for statement, parameters in seen:
+            if statement.lstrip().upper().startswith("SELECT") and "qbridge_ledger" in statement:
+                cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
+                plans.append(cur.fetchone()[0])
+            elif statement.lstrip().upper().startswith("SET"):
+                cur.execute(statement, parameters)
+        conn.rollback()
+    engine.dispose()
+    [plan] = plans
+    text = json.dumps(plan)
+    assert '"Index Name": "qbridge_ledger_pkey"' in text and "Seq Scan" not in text, text

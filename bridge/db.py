@@ -267,5 +267,6 @@ def among(column: sa.ColumnElement[Any], values: Sequence[str], dialect: str) ->
         joined = TEXT_SEPARATOR.join(values)
         if joined and joined.count(TEXT_SEPARATOR) == len(values) - 1:
             split = sa.func.string_to_array(sa.bindparam(None, joined, type_=sa.Text), TEXT_SEPARATOR, type_=ARRAY(sa.Text))
-            return column == sa.any_(split)
+            # As varchar[], as an IN list compares: a char(n) column's blank-padded values match it too.
+            return column == sa.any_(sa.cast(split, ARRAY(sa.String)))
     return column.in_(list(values))

@@ -23,9 +23,11 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
         # disk read and, below some millions of entries, reads every entry of the queue instead,
         # every batch: 22 µs a key at 200k entries, 3.7 by the key (bench/scan_plans.py, issue
         # 49). For this statement only; a failed one takes the setting away with its transaction.
-        conn.exec_driver_sql("SET LOCAL random_page_cost = 1.1")
+        # The value in force before is put back (a session's or a caller's own), not the default.
+        was = conn.exec_driver_sql("SELECT current_setting('random_page_cost'), "
+                                   "set_config('random_page_cost', '1.1', true)").scalar_one()
         found = _postgresql(conn, l, mine, keys)
-        conn.exec_driver_sql("SET LOCAL random_page_cost TO DEFAULT")
+        conn.execute(sa.text("SELECT set_config('random_page_cost', :was, true)"), {"was": was})
         return found
     out: dict[str, str] = {}
     for start in range(0, len(keys), 1000):

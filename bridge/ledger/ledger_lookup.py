@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
 
-# ASCII's unit separator: no system's message id holds it, and a batch with a key that does is
-# looked up by the array (the count below tells).
-KEY_SEPARATOR = "\x1f"
+from bridge.db import TEXT_SEPARATOR as KEY_SEPARATOR
+from bridge.db import among
+
+__all__ = ["KEY_SEPARATOR", "entries"]
 
 
 def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[str]) -> dict[str, str]:
@@ -26,7 +26,10 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
         # The value in force before is put back (a session's or a caller's own), not the default.
         was = conn.exec_driver_sql("SELECT current_setting('random_page_cost'), "
                                    "set_config('random_page_cost', '1.1', true)").scalar_one()
-        found = _postgresql(conn, l, mine, keys)
+        # The keys as one text the server splits (bridge.db.among): psycopg dumps a text[] element
+        # by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one text, under 1.
+        stmt = sa.select(l.c.source_key, l.c.outcome).where(mine, among(l.c.source_key, keys, "postgresql"))
+        found = dict(conn.execute(stmt).all())
         conn.execute(sa.text("SELECT set_config('random_page_cost', :was, true)"), {"was": was})
         return found
     out: dict[str, str] = {}
@@ -35,17 +38,3 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
         out.update(conn.execute(sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key.in_(chunk))).all())
     return out
 
-
-def _postgresql(conn: sa.Connection, l: sa.Table, mine: sa.ColumnElement[bool], keys: Sequence[str]) -> dict[str, str]:
-    # One parameter instead of 1000 placeholders the driver must parse per batch: the keys
-    # joined by a character none of them holds, split by the server. psycopg dumps a text[]
-    # element by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one
-    # text, under 1 µs a key.
-    joined = KEY_SEPARATOR.join(keys)
-    if joined and joined.count(KEY_SEPARATOR) == len(keys) - 1:
-        split = sa.func.string_to_array(sa.bindparam("keys", type_=sa.Text), KEY_SEPARATOR, type_=ARRAY(sa.Text))
-        stmt = sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key == sa.any_(split))
-        return dict(conn.execute(stmt, {"keys": joined}).all())
-    stmt = sa.select(l.c.source_key, l.c.outcome).where(
-        mine, l.c.source_key == sa.any_(sa.bindparam("keys", type_=ARRAY(sa.String))))
-    return dict(conn.execute(stmt, {"keys": list(keys)}).all())

@@ -109,6 +109,10 @@ class JobSetup:
         self._optimistic: set[str] = set()
         self.on_batch: Any = None  # called with each committed batch's stats (qbridge run's metrics)
         self.passes_done = 0  # passes committed by drain: retries start afresh after progress (bridge.retry)
+        # Scan queues walked oldest first: where the walk of the drain's next pass starts (after
+        # the last committed batch's last key), and where the running pass's batch ends.
+        self.walked_to: dict[str, tuple[Any, ...] | None] = {}
+        self.walk_ends: dict[str, tuple[Any, ...] | None] = {}
         # Common-case rows skip the CanonicalMessage when source and target both have a fast lane
         # (Source.plain, Target.plain_envelope); off, every row takes the validated path (tests
         # compare the two).

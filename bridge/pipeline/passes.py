@@ -210,13 +210,22 @@ class Passes(Batch):
         say which are new, until one batch of new keys is found (memory stays bounded by a chunk
         and a batch, whatever the store holds). In move mode, rows delivered earlier but still
         there are consumed. The walk goes in the keyset's order, which is the ledger's, so the
-        lookups read the ledger's index in order; the batch is the oldest of the new keys."""
+        lookups read the ledger's index in order; the batch is the oldest of the new keys.
+
+        A copy-mode walk that goes oldest first starts after the drain's last committed batch:
+        every new key before that point was in a batch and is in the ledger now, so walking the
+        delivered keys again made each pass longer than the last (a drain of n keys read n²/2b of
+        them). A key the legacy side adds behind that point meanwhile waits for the next drain,
+        whose first walk starts at the beginning."""
         size = self.job.batch_size
         oldest = Oldest(size)
         leftovers: list[Any] = []
-        walk = source.iter_aged(sconn)
+        resumes = source.walks_oldest_first and not lock
+        after = self.walked_to.get(source.queue) if resumes else None
+        walk = source.iter_aged(sconn, after)
         try:
-            for chunk in chunked(walk, SCAN_CHUNK):
+            # After the last batch nearly every key is new: a chunk of twice a batch is enough.
+            for chunk in chunked(walk, SCAN_CHUNK if after is None else min(SCAN_CHUNK, 2 * size)):
                 seen = self.ledger_lookup(tconn, source, [k for k, _ in chunk])
                 for k, age in chunk:
                     outcome = seen.get(k)
@@ -224,15 +233,17 @@ class Passes(Batch):
                         oldest.add(age, k)
                     elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
                         leftovers.append(k)
-                if oldest.more and source.walks_oldest_first and not lock:
+                if oldest.full() and source.walks_oldest_first and not lock:
                     break  # the rest is younger than this batch
         finally:
             close = getattr(walk, "close", None)
             if close:
                 close()
+        batch = oldest.keys()
+        self.walk_ends[source.queue] = source.sort_of(batch[-1]) if resumes and oldest.more and batch else None
         # Every key in the batch was unknown to the ledger: it needs no second lookup (a racing
         # process is caught by the ledger's primary key, and the pass is retried).
-        return source.fetch_keys(sconn, oldest.keys(), lock), oldest.more, leftovers, {}
+        return source.fetch_keys(sconn, batch, lock), oldest.more, leftovers, {}
 
     def drain(self, queue: str, on_pass=None, should_stop=lambda: False, before_pass=lambda: None) -> PassStats:
         """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
@@ -246,6 +257,7 @@ class Passes(Batch):
 
     def _drain(self, queue: str, on_pass, should_stop, before_pass) -> PassStats:
         total = PassStats(queue)
+        self.walked_to.pop(queue, None)  # a drain's first walk, and a retried drain's, starts at the beginning
         while True:
             before_pass()
             why = self.may_go()
@@ -256,10 +268,12 @@ class Passes(Batch):
             if should_stop():
                 return total
             self.size_batch(self.pressure.room())
+            self.walk_ends.pop(queue, None)
             try:
                 stats = self.run_pass(queue)
             finally:
                 self.size_batch(None)
+            self.walked_to[queue] = self.walk_ends.pop(queue, None)  # the pass committed
             self.pace.spent(stats.read)
             self.passes_done += 1  # committed: with_backoff's count of progress
             RETRIES.set(0)  # the next batch is a first attempt, though the drain may be a retry (its span says so)
@@ -289,6 +303,10 @@ class Oldest:
         if len(self.held) > self.size:
             del self.held[self.size:]
             self.more = True
+
+    def full(self) -> bool:
+        """More than `size` were added."""
+        return self.more or len(self.held) > self.size
 
     def keys(self) -> list[Any]:
         """The oldest first."""

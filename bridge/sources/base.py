@@ -99,9 +99,15 @@ class Source:
         """Scan sources: every key in the keyset's order, streamed (ScanSource)."""
         raise NotImplementedError
 
-    def iter_aged(self, conn: sa.Connection) -> Iterator[tuple[Any, Any]]:
-        """Scan sources: every key with its age, in the keyset's order (ScanSource)."""
+    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None) -> Iterator[tuple[Any, Any]]:
+        """Scan sources: every key with its age, in the keyset's order, after the sort tuple
+        `after` when one is given (ScanSource)."""
         raise NotImplementedError
+
+    def sort_of(self, key: Any) -> tuple[Any, ...] | None:
+        """Scan sources: the sort tuple of `key` in the keyset, where the next walk of a drain
+        may start (ScanSource); None: every walk starts at the beginning."""
+        return None
 
     # Scan sources: whether the keyset's order is oldest first (ScanSource).
     walks_oldest_first: ClassVar[bool]
@@ -304,10 +310,11 @@ class ScanSource(Source):
         source cannot say): the walk that counts the backlog finds the lag's start with it."""
         return ((key, None) for key in self.iter_keys(conn))
 
-    def iter_aged(self, conn: sa.Connection) -> Iterator[tuple[Any, Any]]:
-        """Every key with its age (what sorts it oldest first), in the keyset's order: a pass
-        takes the oldest new keys. By default the keyset's order is the age."""
-        return ((key, n) for n, key in enumerate(self.iter_keys(conn)))
+    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None) -> Iterator[tuple[Any, Any]]:
+        """Every key with its age (what sorts it oldest first), in the keyset's order, after the
+        sort tuple `after` when one is given: a pass takes the oldest new keys. By default the
+        keyset's order is the age."""
+        return ((key, n) for n, key in enumerate(self.iter_slice(conn, after, None)))
 
     #: the keyset's order is oldest first: a pass may stop at its first full batch of new keys
     walks_oldest_first: ClassVar[bool] = True

@@ -127,6 +127,10 @@ class BizTalkSource(ScanSource):
         prefix, message, instance = key.split(":")
         return prefix, uuid.UUID(message), uuid.UUID(instance)
 
+    def sort_of(self, key: str) -> tuple[str, uuid.UUID, uuid.UUID]:
+        """A key is its sort tuple, spelled out: the next pass of a drain walks on after it."""
+        return self._split(key)
+
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
         """The entries with these keys, with their Spool row and parts, in the order given; a few
         queries per batch (by message id, the leading column of each queue's primary key)."""

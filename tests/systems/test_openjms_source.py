@@ -301,6 +301,7 @@ def test_a_pass_takes_the_oldest_new_handles_first(request, tmp_path: Path, pg_s
         source = runner.sources["orders"]
         with j.source.connect() as conn:
             assert [k for k, _ in source.iter_aged(conn)] == [f"ID:m-{i}#100" for i in range(8)]
+            assert [k for k, _ in source.iter_aged(conn, (100, "ID:m-2"))] == [f"ID:m-{i}#100" for i in range(3, 8)]
         taken = []
         for expected in ([7, 6, 5], [4, 3, 2], [1, 0]):
             stats = runner.run_pass("orders")

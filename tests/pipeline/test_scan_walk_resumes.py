@@ -1,0 +1,110 @@
+"""A copy-mode drain of a scan source whose keyset goes oldest first (BizTalk) walks on after
+its last committed batch, where every pass walked the delivered keys again (n²/2b keys read for
+a drain of n): each message still exactly once, a key added behind the walk delivered by the
+next drain, and a failed pass's drain retried from the beginning."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from bridge.pipeline.passes import Passes
+from tests.systems.test_biztalk_source import SMALL, BizTalk, fx, make_bt
+
+QUEUE = "BizTalkServerApplication"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def bt(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BizTalk]:
+    yield from make_bt(request.param, request, tmp_path, batch_size=5)
+
+
+def counting_walk(source: Any) -> dict[str, int]:
+    """Counts the keys the source's walks yield (the walk itself is the source's own)."""
+    seen = {"keys": 0, "walks": 0, "from_start": 0}
+    walk = source.iter_aged
+
+    def counted(conn: sa.Connection, after: Any = None) -> Iterator[Any]:
+        seen["walks"] += 1
+        seen["from_start"] += after is None
+        for item in walk(conn, after):
+            seen["keys"] += 1
+            yield item
+
+    source.iter_aged = counted
+    return seen
+
+
+def publish(bt: BizTalk, n: int) -> None:
+    for _ in range(n):
+        bt.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
+
+
+def delivered_once(bt: BizTalk, n: int) -> None:
+    ids = bt.message_ids("Orders")
+    assert len(ids) == n and set(ids.values()) == {1}, ids
+    assert bt.ledger() == {"delivered": n}
+
+
+def test_a_drain_walks_each_key_about_once_not_once_a_pass(bt: BizTalk) -> None:
+    publish(bt, 60)
+    runner = bt.runner()
+    seen = counting_walk(runner.sources[QUEUE])
+    total = runner.drain(QUEUE)
+    assert total.delivered == 60
+    delivered_once(bt, 60)
+    # 12 passes of 5 (the last finds no more): walking from the start each time read 60 keys a
+    # pass (720); walking on reads the first pass's 60, then at most a chunk (2 batches) a pass.
+    assert seen["walks"] == 12 and seen["from_start"] == 1
+    assert seen["keys"] <= 60 + 11 * 10, seen
+
+
+def test_a_key_added_behind_the_walk_waits_for_the_next_drain_and_comes_once(bt: BizTalk) -> None:
+    publish(bt, 20)
+    runner = bt.runner()
+    added: list[uuid.UUID] = []
+
+    def add_behind(stats: Any) -> None:
+        if added:
+            return
+        message, _ = bt.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
+        low = uuid.UUID(int=len(added) + 1)  # sorts before every key walked so far
+        with bt.source.begin() as conn:
+            for name in ("Spool", "MessageParts", f"{QUEUE}Q"):
+                t = bt.bt[name]
+                conn.execute(t.update().where(t.c.uidMessageID == message).values(uidMessageID=low))
+        added.append(low)
+
+    runner.drain(QUEUE, on_pass=add_behind)
+    assert added
+    runner.drain(QUEUE)
+    delivered_once(bt, 21)
+    assert bt.cli("verify") == 0
+
+
+def test_a_failed_pass_retries_its_drain_from_the_first_key(bt: BizTalk, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass that fails after its walk found where its batch ends must not move the next walk's
+    start: its batch never committed, and walking on after it would leave the batch behind."""
+    publish(bt, 23)
+    runner = bt.runner()
+    seen = counting_walk(runner.sources[QUEUE])
+    original, calls = Passes._deliver, {"n": 0}
+
+    def fails_third(self: Any, *a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection unexpectedly"))
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Passes, "_deliver", fails_third)
+    with pytest.raises(sa.exc.OperationalError):
+        runner.drain(QUEUE)
+    assert bt.ledger() == {"delivered": 10}
+    runner.drain(QUEUE)
+    delivered_once(bt, 23)
+    assert seen["from_start"] == 2

@@ -215,8 +215,8 @@ class Passes(Batch):
         A copy-mode walk that goes oldest first starts after the drain's last committed batch:
         every new key before that point was in a batch and is in the ledger now, so walking the
         delivered keys again made each pass longer than the last (a drain of n keys read n²/2b of
-        them). A key the legacy side adds behind that point meanwhile waits for the next drain,
-        whose first walk starts at the beginning."""
+        them). Once a walk on finds the end, the drain's last pass walks from the first key again
+        (Passes._drain): a key the legacy side put behind the walk meanwhile is not left there."""
         size = self.job.batch_size
         oldest = Oldest(size)
         leftovers: list[Any] = []
@@ -269,6 +269,7 @@ class Passes(Batch):
                 return total
             self.size_batch(self.pressure.room())
             self.walk_ends.pop(queue, None)
+            resumed = self.walked_to.get(queue) is not None
             try:
                 stats = self.run_pass(queue)
             finally:
@@ -280,7 +281,10 @@ class Passes(Batch):
             total.add(stats)
             if on_pass:
                 on_pass(stats)
-            if not stats.more or should_stop():
+            # A walk on that found the end is followed by one walk from the first key before the
+            # drain says it is done: keys the legacy side put behind it meanwhile (a new message,
+            # an operator's resume of a suspended instance) are not left for the next drain.
+            if not (stats.more or resumed) or should_stop():
                 return total
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from bridge.db import TEXT_SEPARATOR as KEY_SEPARATOR
-from bridge.db import among
+from bridge.db import among, by_index
 
 __all__ = ["KEY_SEPARATOR", "entries"]
 
@@ -18,20 +18,13 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
     l = ledger
     mine = l.c.origin == origin
     if conn.dialect.name == "postgresql":
-        # By the ledger's key. A batch's keys are neighbours in it (scan sources walk in the
-        # ledger's order), but PostgreSQL costs each of a batch's 1,000-2,000 probes as a random
-        # disk read and, below some millions of entries, reads every entry of the queue instead,
-        # every batch: 22 µs a key at 200k entries, 3.7 by the key (bench/scan_plans.py, issue
-        # 49). For this statement only; a failed one takes the setting away with its transaction.
-        # The value in force before is put back (a session's or a caller's own), not the default.
-        was = conn.exec_driver_sql("SELECT current_setting('random_page_cost'), "
-                                   "set_config('random_page_cost', '1.1', true)").scalar_one()
+        # By the ledger's key (bridge.db.by_index): a batch's keys are neighbours in it (scan
+        # sources walk in the ledger's order), and the planner read every entry of the queue.
         # The keys as one text the server splits (bridge.db.among): psycopg dumps a text[] element
         # by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one text, under 1.
         stmt = sa.select(l.c.source_key, l.c.outcome).where(mine, among(l.c.source_key, keys, "postgresql"))
-        found = dict(conn.execute(stmt).all())
-        conn.execute(sa.text("SELECT set_config('random_page_cost', :was, true)"), {"was": was})
-        return found
+        with by_index(conn):
+            return dict(conn.execute(stmt).all())
     out: dict[str, str] = {}
     for start in range(0, len(keys), 1000):
         chunk = list(keys[start:start + 1000])

@@ -222,10 +222,12 @@ class Passes(Batch):
         leftovers: list[Any] = []
         resumes = source.walks_oldest_first and not lock
         after = self.walked_to.get(source.queue) if resumes else None
-        walk = source.iter_aged(sconn, after)
+        # After the last batch nearly every key is new: a chunk (and a fetch) of a batch and one
+        # more fills it, where one of SCAN_CHUNK keys read and made text ten keys a message.
+        step = SCAN_CHUNK if after is None else min(SCAN_CHUNK, size + 1)
+        walk = source.iter_aged(sconn, after, step)
         try:
-            # After the last batch nearly every key is new: a chunk of twice a batch is enough.
-            for chunk in chunked(walk, SCAN_CHUNK if after is None else min(SCAN_CHUNK, 2 * size)):
+            for chunk in chunked(walk, step):
                 seen = self.ledger_lookup(tconn, source, [k for k, _ in chunk])
                 for k, age in chunk:
                     outcome = seen.get(k)

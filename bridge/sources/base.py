@@ -99,9 +99,10 @@ class Source:
         """Scan sources: every key in the keyset's order, streamed (ScanSource)."""
         raise NotImplementedError
 
-    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None) -> Iterator[tuple[Any, Any]]:
+    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None, page: int = 10_000
+                  ) -> Iterator[tuple[Any, Any]]:
         """Scan sources: every key with its age, in the keyset's order, after the sort tuple
-        `after` when one is given (ScanSource)."""
+        `after` when one is given, `page` rows a fetch (ScanSource)."""
         raise NotImplementedError
 
     def sort_of(self, key: Any) -> tuple[Any, ...] | None:
@@ -310,11 +311,12 @@ class ScanSource(Source):
         source cannot say): the walk that counts the backlog finds the lag's start with it."""
         return ((key, None) for key in self.iter_keys(conn))
 
-    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None) -> Iterator[tuple[Any, Any]]:
+    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None, page: int = 10_000
+                  ) -> Iterator[tuple[Any, Any]]:
         """Every key with its age (what sorts it oldest first), in the keyset's order, after the
-        sort tuple `after` when one is given: a pass takes the oldest new keys. By default the
-        keyset's order is the age."""
-        return ((key, n) for n, key in enumerate(self.iter_slice(conn, after, None)))
+        sort tuple `after` when one is given, `page` rows a fetch: a pass takes the oldest new
+        keys. By default the keyset's order is the age."""
+        return ((key, n) for n, key in enumerate(self.iter_slice(conn, after, None, page)))
 
     #: the keyset's order is oldest first: a pass may stop at its first full batch of new keys
     walks_oldest_first: ClassVar[bool] = True
@@ -333,10 +335,12 @@ class ScanSource(Source):
         the keyset is a union that the database would sort whole for every page."""
         return [self._slice(after, upto, dialect)]
 
-    def iter_slice(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None) -> Iterator[Any]:
-        """Keys whose sort tuple is > `after` and <= `upto` (None: unbounded), in order, streamed."""
+    def iter_slice(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None,
+                   page: int = 10_000) -> Iterator[Any]:
+        """Keys whose sort tuple is > `after` and <= `upto` (None: unbounded), in order, streamed
+        `page` rows a fetch."""
         for stmt in self._slices(after, upto, conn.dialect.name):
-            for row in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
+            for row in conn.execute(stmt.execution_options(stream_results=True, yield_per=page)):
                 yield self.key_of_row(row)
 
     def slice_page(self, conn: sa.Connection, after: Sequence[Any] | None, upto: Sequence[Any] | None, limit: int

@@ -18,11 +18,12 @@ import sqlalchemy as sa
 
 from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_context, decode_part
 from bridge.config import JobConfig
+from bridge.db import by_index
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, FailureInfo, Part, PlainMessage
 from bridge.schemas.biztalk import OTHER_PREDICATES, tables
-from bridge.sources import biztalk_giveback, plain_lane
-from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows, tuple_after
+from bridge.sources import biztalk_fetch, biztalk_giveback, plain_lane
+from bridge.sources.base import ScanSource, SourceRow, Subscription, tuple_after
 from bridge.timefmt import local_to_utc, utcnow, zone
 
 SYSTEM_NS = "http://schemas.microsoft.com/BizTalk/2003/system-properties"
@@ -134,30 +135,14 @@ class BizTalkSource(ScanSource):
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
         """The entries with these keys, with their Spool row and parts, in the order given; a few
         queries per batch (by message id, the leading column of each queue's primary key)."""
-        s, i = self.t["Spool"], self.t["InstancesSuspended"]
         wanted = {self._split(k): k for k in keys}
         found: dict[str, dict[str, Any]] = {}
-        for prefix in ("Q", "S"):
-            messages = sorted({m for p, m, _ in wanted if p == prefix})
-            if not messages:
-                continue
-            q = self.work if prefix == "Q" else self.suspended
-            cols = [q.c.uidMessageID, q.c.uidInstanceID, q.c.uidServiceID, q.c.nvcAdditionalInfo, s.c.uidMessageID.label("spool_id"),
-                    s.c.dtTimeStamp, s.c.dtExpiration, s.c.nNumParts, s.c.uidBodyPartID, s.c.nvcBodyPartName,
-                    s.c.nvcMessageType, s.c.imgContext]
-            stmt = sa.select(*cols).select_from(q).outerjoin(s, s.c.uidMessageID == q.c.uidMessageID)
-            if prefix == "S":
-                stmt = stmt.add_columns(i.c.uidInstanceID.label("suspended_row"), i.c.nState, i.c.dtSuspendTimeStamp,
-                                        i.c.nvcURI, i.c.nvcAdapter, i.c.nvcErrorDescription)
-                stmt = stmt.outerjoin(i, i.c.uidInstanceID == q.c.uidInstanceID)
-            for start in range(0, len(messages), 500):
-                chunk = stmt.where(q.c.uidMessageID.in_(messages[start:start + 500]))
-                for values in dict_rows(conn.execute(chunk)):
-                    key = wanted.get((prefix, values["uidMessageID"], values["uidInstanceID"]))
-                    if key is not None:  # not another instance of the same message
-                        values["kind"] = prefix
-                        found[key] = values
-        parts = self._parts(conn, sorted({v["uidMessageID"] for v in found.values()}))
+        dialect = conn.dialect.name
+        step = max(len(keys), 1) if dialect == "postgresql" else 500  # PostgreSQL: one text the server splits
+        with by_index(conn):  # a batch's entries by the queues' keys, where the planner read the queue whole
+            for prefix, q in (("Q", self.work), ("S", self.suspended)):
+                found.update(biztalk_fetch.entries(conn, self.t, q, prefix, wanted, step))
+            parts = biztalk_fetch.parts(conn, self.t, sorted({v["uidMessageID"] for v in found.values()}), step)
         rows = []
         for key in keys:
             hit = found.get(key)
@@ -183,29 +168,6 @@ class BizTalkSource(ScanSource):
                                (self.suspended, self.suspended.c.uidMessageID)):
                 living.update(conn.execute(sa.select(col).where(col.in_(chunk)).distinct()).scalars())
         return {k for k, (_, m, _) in split.items() if m in living}
-
-    def _parts(self, conn: sa.Connection, messages: list[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
-        """Message id -> its parts by name, each with its fragments' bytes in order."""
-        mp, p, f = self.t["MessageParts"], self.t["Parts"], self.t["Fragments"]
-        out: dict[uuid.UUID, list[dict[str, Any]]] = {}
-        for start in range(0, len(messages), 500):
-            stmt = (sa.select(mp.c.uidMessageID.label("qb_message"), mp.c.uidPartID, mp.c.nvcPartName, mp.c.nBodyPart,
-                              p.c.uidPartID.label("part_row"), p.c.imgPart, p.c.nNumFragments, p.c.nPartSize)
-                    .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
-                    .where(mp.c.uidMessageID.in_(messages[start:start + 500])).order_by(mp.c.uidMessageID, mp.c.nvcPartName))
-            by_part: dict[uuid.UUID, list[dict[str, Any]]] = {}  # BizTalk shares a part between messages
-            for part in dict_rows(conn.execute(stmt)):
-                message = part.pop("qb_message")
-                part["fragments"] = []  # fragment 0 is in Parts; the rest, if any, in Fragments
-                out.setdefault(message, []).append(part)
-                by_part.setdefault(part["uidPartID"], []).append(part)
-            ids = sorted(by_part)
-            for at in range(0, len(ids), 500):
-                frags = sa.select(f.c.uidPartID, f.c.nFragmentNumber, f.c.imgFrag).where(f.c.uidPartID.in_(ids[at:at + 500]))
-                for pid, _, blob in conn.execute(frags.order_by(f.c.uidPartID, f.c.nFragmentNumber)):
-                    for part in by_part[pid]:
-                        part["fragments"].append(bytes(blob) if blob is not None else None)
-        return out
 
     # -- move mode -------------------------------------------------------------------------
     def consume(self, conn: sa.Connection, keys: Sequence[Any]) -> int:

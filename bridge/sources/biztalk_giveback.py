@@ -17,6 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.sources import biztalk_fetch
 from bridge.sources.base import SourceRow, delivered_headers
 
 STATEMENT_KEYS = 500
@@ -56,7 +57,7 @@ def message_values(source: Any, conn: sa.Connection, key: str, service: str | No
         if suspended is None:
             return None
         values.update({str(k): v for k, v in suspended.items()})
-    values["parts"] = source._parts(conn, [message]).get(message, [])
+    values["parts"] = biztalk_fetch.parts(conn, source.t, [message]).get(message, [])
     return values
 
 

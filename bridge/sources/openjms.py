@@ -159,14 +159,14 @@ class OpenJMSSource(ScanSource):
 
     walks_oldest_first: ClassVar[bool] = False  # the keyset goes by consumer and message id
 
-    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None
+    def iter_aged(self, conn: sa.Connection, after: Sequence[Any] | None = None, page: int = 10_000
                   ) -> Iterator[tuple[str, tuple[int, int]]]:
         """Every handle in the keyset's order, aged by OpenJMS's delivery order (accepted first)."""
         h = self.t["message_handles"]
         stmt = sa.select(h.c.messageid, h.c.consumerid, h.c.acceptedtime, h.c.sequencenumber).where(self._here(h))
         if after is not None:
             stmt = stmt.where(tuple_after([h.c.consumerid, h.c.messageid], after, conn.dialect.name))
-        stmt = stmt.order_by(h.c.consumerid, h.c.messageid).execution_options(stream_results=True, yield_per=10_000)
+        stmt = stmt.order_by(h.c.consumerid, h.c.messageid).execution_options(stream_results=True, yield_per=page)
         for mid, cid, accepted, seq in conn.execute(stmt):
             yield self.key_of(mid, cid), (accepted if accepted is not None else -1, seq if seq is not None else -1)
 

@@ -54,3 +54,36 @@ def test_postgresql_gets_one_parameter_unless_a_value_holds_the_separator(values
     # split: the values as one text (and the separator); else the IN list's values
     params = list(compiled.params.values())
     assert params == ([TEXT_SEPARATOR.join(values), TEXT_SEPARATOR] if split else [values])
+
+
+def _check_uuids(url: str, schema: str | None) -> None:
+    """A uuid column's values given as text: compared as uuid[] on PostgreSQL (uuid = varchar has
+    no operator), as the column's own values elsewhere (CHAR(32) without dashes on SQLite). Not on
+    MariaDB: SQLAlchemy reads its UUID type back with bytes swapped (a uuid column is BizTalk's, and
+    BizTalk's tables are SQL Server's, PostgreSQL's and SQLite's here)."""
+    import uuid
+
+    engine = sa.create_engine(url)
+    t = sa.Table("among_u", sa.MetaData(), sa.Column("u", sa.Uuid), schema=schema)
+    ids = [uuid.UUID(int=i << 64 | i) for i in range(1, 6)]
+    try:
+        with engine.begin() as conn:
+            t.create(conn)
+            conn.execute(t.insert(), [{"u": u} for u in ids])
+        with engine.connect() as conn:
+            dialect = conn.dialect.name
+            for wanted in ([ids[0], ids[3]], ids[4:], [uuid.UUID(int=99)], []):
+                got = sorted(conn.execute(sa.select(t.c.u).where(among(t.c.u, [str(u) for u in wanted], dialect))).scalars())
+                assert got == sorted(u for u in wanted if u in ids), (dialect, wanted)
+    finally:
+        with engine.begin() as conn:
+            t.drop(conn, checkfirst=True)
+        engine.dispose()
+
+
+def test_uuids_as_text_on_postgresql(pg_server: str, pg_schema: str) -> None:
+    _check_uuids(pg_server, pg_schema)
+
+
+def test_uuids_as_text_on_sqlite(tmp_path: Path) -> None:
+    _check_uuids(f"sqlite:///{tmp_path}/among.db", None)

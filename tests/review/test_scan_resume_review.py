@@ -120,9 +120,9 @@ def test_random_drains_leave_nothing_behind_the_walk(bt: BizTalk, seed: int) -> 
     source, resumed = runner.sources[QUEUE], {"n": 0}
     walk = source.iter_aged
 
-    def counted(conn: sa.Connection, after: Any = None) -> Iterator[Any]:
+    def counted(conn: sa.Connection, after: Any = None, page: int = 10_000) -> Iterator[Any]:
         resumed["n"] += after is not None
-        return walk(conn, after)
+        return walk(conn, after, page)
 
     source.iter_aged = counted
 

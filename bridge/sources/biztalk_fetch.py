@@ -1,0 +1,69 @@
+"""A BizTalk batch's rows as `BizTalkSource.fetch_keys` reads them: each work-queue (or
+suspended-queue) entry with its Spool row, and its message's parts with their fragments, by
+message id (the leading column of each table's primary key), a few statements a batch."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from bridge.db import among
+from bridge.sources.base import dict_rows
+
+Wanted = dict[tuple[str, uuid.UUID, uuid.UUID], str]
+
+
+def entries(conn: sa.Connection, t: dict[str, sa.Table], q: sa.Table, prefix: str, wanted: Wanted, step: int
+            ) -> dict[str, dict[str, Any]]:
+    """Key -> the entry's values with its Spool row (and suspension), for the keys of queue `q`
+    (`prefix` "Q" or "S") in `wanted` ((prefix, message, instance) -> key), `step` ids a statement."""
+    s, i = t["Spool"], t["InstancesSuspended"]
+    found: dict[str, dict[str, Any]] = {}
+    messages = sorted({str(m) for p, m, _ in wanted if p == prefix})
+    if not messages:
+        return found
+    cols = [q.c.uidMessageID, q.c.uidInstanceID, q.c.uidServiceID, q.c.nvcAdditionalInfo, s.c.uidMessageID.label("spool_id"),
+            s.c.dtTimeStamp, s.c.dtExpiration, s.c.nNumParts, s.c.uidBodyPartID, s.c.nvcBodyPartName,
+            s.c.nvcMessageType, s.c.imgContext]
+    stmt = sa.select(*cols).select_from(q).outerjoin(s, s.c.uidMessageID == q.c.uidMessageID)
+    if prefix == "S":
+        stmt = stmt.add_columns(i.c.uidInstanceID.label("suspended_row"), i.c.nState, i.c.dtSuspendTimeStamp,
+                                i.c.nvcURI, i.c.nvcAdapter, i.c.nvcErrorDescription)
+        stmt = stmt.outerjoin(i, i.c.uidInstanceID == q.c.uidInstanceID)
+    for start in range(0, len(messages), step):
+        chunk = stmt.where(among(q.c.uidMessageID, messages[start:start + step], conn.dialect.name))
+        for values in dict_rows(conn.execute(chunk)):
+            key = wanted.get((prefix, values["uidMessageID"], values["uidInstanceID"]))
+            if key is not None:  # not another instance of the same message
+                values["kind"] = prefix
+                found[key] = values
+    return found
+
+
+def parts(conn: sa.Connection, t: dict[str, sa.Table], messages: list[uuid.UUID], step: int = 500
+          ) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    """Message id -> its parts by name, each with its fragments' bytes in order."""
+    mp, p, f = t["MessageParts"], t["Parts"], t["Fragments"]
+    out: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    dialect = conn.dialect.name
+    for start in range(0, len(messages), step):
+        stmt = (sa.select(mp.c.uidMessageID.label("qb_message"), mp.c.uidPartID, mp.c.nvcPartName, mp.c.nBodyPart,
+                          p.c.uidPartID.label("part_row"), p.c.imgPart, p.c.nNumFragments, p.c.nPartSize)
+                .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
+                .where(among(mp.c.uidMessageID, [str(m) for m in messages[start:start + step]], dialect))
+                .order_by(mp.c.uidMessageID, mp.c.nvcPartName))
+        by_part: dict[uuid.UUID, list[dict[str, Any]]] = {}  # BizTalk shares a part between messages
+        for part in dict_rows(conn.execute(stmt)):
+            message = part.pop("qb_message")
+            part["fragments"] = []  # fragment 0 is in Parts; the rest, if any, in Fragments
+            out.setdefault(message, []).append(part)
+            by_part.setdefault(part["uidPartID"], []).append(part)
+        ids = sorted(by_part)
+        for at in range(0, len(ids), 500):
+            frags = sa.select(f.c.uidPartID, f.c.nFragmentNumber, f.c.imgFrag).where(f.c.uidPartID.in_(ids[at:at + 500]))
+            for pid, _, blob in conn.execute(frags.order_by(f.c.uidPartID, f.c.nFragmentNumber)):
+                for part in by_part[pid]:
+                    part["fragments"].append(bytes(blob) if blob is not None else None)
+    return out

@@ -279,6 +279,37 @@ def among(column: sa.ColumnElement[Any], values: Sequence[str], dialect: str) ->
     return column.in_(list(values))
 
 
+_BINARY_CURSOR: Any = None
+
+
+@contextmanager
+def binary_rows(conn: sa.Connection) -> Iterator[None]:
+    """The statements run inside return psycopg's binary rows on PostgreSQL: a bytea value comes
+    as its bytes, where a text row brings it as hex twice its size for the client to parse (a
+    BizTalk batch's 1,000 context bags of 3 KB: 18 -> 10 ms, issue 49). The values are the same
+    Python objects either way. Elsewhere nothing."""
+    global _BINARY_CURSOR
+    raw = conn.connection.driver_connection
+    if conn.dialect.driver != "psycopg" or raw is None:
+        yield
+        return
+    if _BINARY_CURSOR is None:
+        import psycopg
+
+        class BinaryCursor(psycopg.Cursor):  # what Connection.cursor(binary=True) makes
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.format = psycopg.pq.Format.BINARY
+
+        _BINARY_CURSOR = BinaryCursor
+    was = raw.cursor_factory
+    raw.cursor_factory = _BINARY_CURSOR
+    try:
+        yield
+    finally:
+        raw.cursor_factory = was
+
+
 @contextmanager
 def by_index(conn: sa.Connection) -> Iterator[None]:
     """The statements run inside take a batch's rows by their index on PostgreSQL: its planner

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_context, decode_part
 from bridge.config import JobConfig
-from bridge.db import by_index
+from bridge.db import binary_rows, by_index
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, Failure, FailureInfo, Part, PlainMessage
 from bridge.schemas.biztalk import OTHER_PREDICATES, tables
@@ -70,12 +70,14 @@ class BizTalkSource(ScanSource):
         # MessageBox times are written by the engine in UTC unless the job says otherwise [INFERRED].
         self.tz = zone(job.source.timezone or "UTC")
         self.namespaces: dict[str, str] = {}
+        self.header_names: dict[tuple[str, str], str] = {}
         self.message_type_property: uuid.UUID | None = None
         self.mapping: Any = None
 
     def configure(self, mapping: Any) -> None:
         self.mapping = mapping
         self.namespaces = dict(mapping.biztalk.namespaces)
+        self.header_names = {}  # (namespace, property) -> header name, as `namespaces` names them
         prop = mapping.biztalk.message_type_property_id
         self.message_type_property = uuid.UUID(prop) if prop else None
 
@@ -139,7 +141,9 @@ class BizTalkSource(ScanSource):
         found: dict[str, dict[str, Any]] = {}
         dialect = conn.dialect.name
         step = max(len(keys), 1) if dialect == "postgresql" else 500  # PostgreSQL: one text the server splits
-        with by_index(conn):  # a batch's entries by the queues' keys, where the planner read the queue whole
+        # A batch's entries by the queues' keys, where the planner read the queue whole; their
+        # context bags and parts as bytes, not hex.
+        with by_index(conn), binary_rows(conn):
             for prefix, q in (("Q", self.work), ("S", self.suspended)):
                 found.update(biztalk_fetch.entries(conn, self.t, q, prefix, wanted, step))
             parts = biztalk_fetch.parts(conn, self.t, sorted({v["uidMessageID"] for v in found.values()}), step)
@@ -270,9 +274,16 @@ class BizTalkSource(ScanSource):
 
     def _headers(self, props: list[ContextProperty]) -> dict[str, str]:
         out: dict[str, str] = {}
+        names = self.header_names
         for p in props:
             if p.context_property_type & (1 | 2 | 16):  # written, promoted, was-promoted
-                out[f"{short_name(p.namespace, self.namespaces)}.{p.name}"] = header_text(p.value)
+                name = names.get((p.namespace, p.name))
+                if name is None:
+                    name = f"{short_name(p.namespace, self.namespaces)}.{p.name}"
+                    if len(names) < 10_000:  # a bag's names repeat; a store of made-up ones stays bounded
+                        names[(p.namespace, p.name)] = name
+                value = p.value
+                out[name] = value if type(value) is str else header_text(value)
         return out
 
     def _decode_parts(self, v: dict[str, Any]) -> tuple[str, bytes, list[Part]]:

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from bridge.codecs.echo import ECHO_HEADER
 from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
-from bridge.db import among
+from bridge.db import among, binary_rows
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
@@ -188,19 +188,20 @@ class OpenJMSSource(ScanSource):
         wanted = set(keys)
         pairs = sorted({(int(cid), mid) for mid, _, cid in (k.rpartition("#") for k in keys)})
         rows: list[SourceRow] = []
-        for start in range(0, len(pairs), 500):
-            chunk = pairs[start:start + 500]
-            # destinationId = and consumerId IN, messageId IN: an index range scan with either index
-            # OpenJMS ships (create scripts: destination, consumer, message; dbtool: message,
-            # destination, consumer). messageId IN alone made every batch scan the whole table.
-            stmt = self._handles(True).where(h.c.destinationid == dest[0],
-                                             h.c.consumerid.in_(sorted({c for c, _ in chunk})),
-                                             among(h.c.messageid, sorted({m for _, m in chunk}), conn.dialect.name))
-            for values in dict_rows(conn.execute(stmt)):
-                key = self.key_of(values["messageid"], values["consumerid"])
-                if key in wanted:  # a pair of another chunk matches this chunk's two lists too: taken once
-                    wanted.discard(key)
-                    rows.append(SourceRow(key=key, consumable=True, values=values))
+        with binary_rows(conn):  # the message blobs as bytes, not hex twice their size
+            for start in range(0, len(pairs), 500):
+                chunk = pairs[start:start + 500]
+                # destinationId = and consumerId IN, messageId IN: an index range scan with either
+                # index OpenJMS ships (create scripts: destination, consumer, message; dbtool:
+                # message, destination, consumer). messageId IN alone scanned the whole table.
+                stmt = self._handles(True).where(h.c.destinationid == dest[0],
+                                                 h.c.consumerid.in_(sorted({c for c, _ in chunk})),
+                                                 among(h.c.messageid, sorted({m for _, m in chunk}), conn.dialect.name))
+                for values in dict_rows(conn.execute(stmt)):
+                    key = self.key_of(values["messageid"], values["consumerid"])
+                    if key in wanted:  # a pair of another chunk matches this chunk's two lists too: taken once
+                        wanted.discard(key)
+                        rows.append(SourceRow(key=key, consumable=True, values=values))
         order = {k: i for i, k in enumerate(keys)}
         return sorted(rows, key=lambda r: order[r.key])
 

@@ -6,7 +6,7 @@ import logging
 import re
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -323,5 +323,13 @@ def by_index(conn: sa.Connection) -> Iterator[None]:
         return
     was = conn.exec_driver_sql("SELECT current_setting('random_page_cost'), "
                                "set_config('random_page_cost', '1.1', true)").scalar_one()
-    yield
-    conn.execute(sa.text("SELECT set_config('random_page_cost', :was, true)"), {"was": was})
+    restore = sa.text("SELECT set_config('random_page_cost', :was, true)")
+    try:
+        yield
+    except BaseException:
+        # A transaction the error left usable (a value the driver could not load) gets the
+        # setting back too; one the database aborted takes it away itself.
+        with suppress(sa.exc.DBAPIError):
+            conn.execute(restore, {"was": was})
+        raise
+    conn.execute(restore, {"was": was})

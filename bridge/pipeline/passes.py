@@ -225,7 +225,7 @@ class Passes(Batch):
         # After the last batch nearly every key is new: a chunk (and a fetch) of a batch and one
         # more fills it, where one of SCAN_CHUNK keys read and made text ten keys a message.
         step = SCAN_CHUNK if after is None else min(SCAN_CHUNK, size + 1)
-        walk = source.iter_aged(sconn, after, step)
+        walk = source.iter_aged(sconn) if after is None else source.iter_aged(sconn, after, step)
         try:
             for chunk in chunked(walk, step):
                 seen = self.ledger_lookup(tconn, source, [k for k, _ in chunk])

@@ -137,7 +137,7 @@ class BizTalkSource(ScanSource):
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
         """The entries with these keys, with their Spool row and parts, in the order given; a few
         queries per batch (by message id, the leading column of each queue's primary key)."""
-        wanted = {self._split(k): k for k in keys}
+        wanted = biztalk_fetch.wanted_keys(keys)
         found: dict[str, dict[str, Any]] = {}
         dialect = conn.dialect.name
         step = max(len(keys), 1) if dialect == "postgresql" else 500  # PostgreSQL: one text the server splits
@@ -146,7 +146,7 @@ class BizTalkSource(ScanSource):
         with by_index(conn), binary_rows(conn):
             for prefix, q in (("Q", self.work), ("S", self.suspended)):
                 found.update(biztalk_fetch.entries(conn, self.t, q, prefix, wanted, step))
-            parts = biztalk_fetch.parts(conn, self.t, sorted({v["uidMessageID"] for v in found.values()}), step)
+            parts = biztalk_fetch.parts(conn, self.t, sorted({str(v["uidMessageID"]) for v in found.values()}), step)
         rows = []
         for key in keys:
             hit = found.get(key)

@@ -4,7 +4,9 @@ message id (the leading column of each table's primary key), a few statements a 
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,16 +14,31 @@ import sqlalchemy as sa
 from bridge.db import among
 from bridge.sources.base import dict_rows
 
-Wanted = dict[tuple[str, uuid.UUID, uuid.UUID], str]
+# A key as BizTalkSource.key_of_row spells it: queue, message id, instance id, as str(UUID) does.
+_SPELLED = re.compile(r"[QS]:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}:"
+                      r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-def entries(conn: sa.Connection, t: dict[str, sa.Table], q: sa.Table, prefix: str, wanted: Wanted, step: int
+def wanted_keys(keys: Sequence[str]) -> dict[str, str]:
+    """Each key as the rows' own ids spell it -> the key as given: rows are matched by text, with
+    no UUID made from a key or sorted (a key spelled otherwise, in capitals say, is spelled anew)."""
+    out = {}
+    for key in keys:
+        if _SPELLED.fullmatch(key):
+            out[key] = key
+        else:
+            prefix, message, instance = key.split(":")
+            out[f"{prefix}:{uuid.UUID(message)}:{uuid.UUID(instance)}"] = key
+    return out
+
+
+def entries(conn: sa.Connection, t: dict[str, sa.Table], q: sa.Table, prefix: str, wanted: dict[str, str], step: int
             ) -> dict[str, dict[str, Any]]:
     """Key -> the entry's values with its Spool row (and suspension), for the keys of queue `q`
-    (`prefix` "Q" or "S") in `wanted` ((prefix, message, instance) -> key), `step` ids a statement."""
+    (`prefix` "Q" or "S") in `wanted` (`wanted_keys`), `step` ids a statement."""
     s, i = t["Spool"], t["InstancesSuspended"]
     found: dict[str, dict[str, Any]] = {}
-    messages = sorted({str(m) for p, m, _ in wanted if p == prefix})
+    messages = sorted({k[2:38] for k in wanted if k[0] == prefix})
     if not messages:
         return found
     cols = [q.c.uidMessageID, q.c.uidInstanceID, q.c.uidServiceID, q.c.nvcAdditionalInfo, s.c.uidMessageID.label("spool_id"),
@@ -35,16 +52,17 @@ def entries(conn: sa.Connection, t: dict[str, sa.Table], q: sa.Table, prefix: st
     for start in range(0, len(messages), step):
         chunk = stmt.where(among(q.c.uidMessageID, messages[start:start + step], conn.dialect.name))
         for values in dict_rows(conn.execute(chunk)):
-            key = wanted.get((prefix, values["uidMessageID"], values["uidInstanceID"]))
+            key = wanted.get(f"{prefix}:{values['uidMessageID']}:{values['uidInstanceID']}")
             if key is not None:  # not another instance of the same message
                 values["kind"] = prefix
                 found[key] = values
     return found
 
 
-def parts(conn: sa.Connection, t: dict[str, sa.Table], messages: list[uuid.UUID], step: int = 500
+def parts(conn: sa.Connection, t: dict[str, sa.Table], messages: Sequence[str], step: int = 500
           ) -> dict[uuid.UUID, list[dict[str, Any]]]:
-    """Message id -> its parts by name, each with its fragments' bytes in order."""
+    """Message id -> its parts by name, each with its fragments' bytes in order, for the message
+    ids `messages` (as text)."""
     mp, p, f = t["MessageParts"], t["Parts"], t["Fragments"]
     out: dict[uuid.UUID, list[dict[str, Any]]] = {}
     dialect = conn.dialect.name
@@ -52,7 +70,7 @@ def parts(conn: sa.Connection, t: dict[str, sa.Table], messages: list[uuid.UUID]
         stmt = (sa.select(mp.c.uidMessageID.label("qb_message"), mp.c.uidPartID, mp.c.nvcPartName, mp.c.nBodyPart,
                           p.c.uidPartID.label("part_row"), p.c.imgPart, p.c.nNumFragments, p.c.nPartSize)
                 .select_from(mp).outerjoin(p, p.c.uidPartID == mp.c.uidPartID)
-                .where(among(mp.c.uidMessageID, [str(m) for m in messages[start:start + step]], dialect))
+                .where(among(mp.c.uidMessageID, messages[start:start + step], dialect))
                 .order_by(mp.c.uidMessageID, mp.c.nvcPartName))
         by_part: dict[uuid.UUID, list[dict[str, Any]]] = {}  # BizTalk shares a part between messages
         for part in dict_rows(conn.execute(stmt)):
@@ -60,9 +78,9 @@ def parts(conn: sa.Connection, t: dict[str, sa.Table], messages: list[uuid.UUID]
             part["fragments"] = []  # fragment 0 is in Parts; the rest, if any, in Fragments
             out.setdefault(message, []).append(part)
             by_part.setdefault(part["uidPartID"], []).append(part)
-        ids = sorted(by_part)
-        for at in range(0, len(ids), 500):
-            frags = sa.select(f.c.uidPartID, f.c.nFragmentNumber, f.c.imgFrag).where(f.c.uidPartID.in_(ids[at:at + 500]))
+        ids = sorted(str(p) for p in by_part)
+        for at in range(0, len(ids), step):
+            frags = sa.select(f.c.uidPartID, f.c.nFragmentNumber, f.c.imgFrag).where(among(f.c.uidPartID, ids[at:at + step], dialect))
             for pid, _, blob in conn.execute(frags.order_by(f.c.uidPartID, f.c.nFragmentNumber)):
                 for part in by_part[pid]:
                     part["fragments"].append(bytes(blob) if blob is not None else None)

@@ -57,7 +57,7 @@ def message_values(source: Any, conn: sa.Connection, key: str, service: str | No
         if suspended is None:
             return None
         values.update({str(k): v for k, v in suspended.items()})
-    values["parts"] = biztalk_fetch.parts(conn, source.t, [message]).get(message, [])
+    values["parts"] = biztalk_fetch.parts(conn, source.t, [str(message)]).get(message, [])
     return values
 
 

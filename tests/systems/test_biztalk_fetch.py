@@ -85,3 +85,25 @@ def test_header_names_follow_the_namespaces_of_the_mapping_in_force(tmp_path: Pa
     again = source._headers(props)
     assert "Orders.CustomerName" not in again and again["Sales.CustomerName"] == first["Orders.CustomerName"]
     assert again["Sales.IsRush"] == "false"
+
+
+def test_a_key_spelled_otherwise_is_fetched_under_the_key_given(tmp_path: Path) -> None:
+    """Rows are matched to the batch's keys by text; a key not spelled as the walk spells it (in
+    capitals, say) is spelled anew and its row still comes, under the key given."""
+    from bridge.demo.samples import biztalk_message
+
+    url = f"sqlite:///{tmp_path}/bt.db"
+    engine = sa.create_engine(url)
+    t = biztalk_store(engine, [HOST])
+    context, part = (FIX / "ctx_receive.bin").read_bytes(), (FIX / "part_small_compressed.bin").read_bytes()
+    with engine.begin() as conn:
+        ids = [biztalk_message(conn, t, context, [("body", [part], 2146)], host=HOST) for _ in range(3)]
+    source = make_source(tmp_path, url, None, engine)
+    keys = [f"Q:{m}:{i}" for m, i in ids]
+    asked = ["Q" + keys[0].upper()[1:], keys[1], keys[2]]
+    with engine.connect() as conn:
+        rows = source.fetch_keys(conn, asked, False)
+    assert [r.key for r in rows] == [asked[0], keys[1], keys[2]]
+    assert [r.values["uidMessageID"] for r in rows] == [m for m, _ in ids]
+    assert all(len(r.values["parts"]) == 1 for r in rows)
+    engine.dispose()

@@ -82,6 +82,12 @@ class BizTalkSource(ScanSource):
         self.message_type_property = uuid.UUID(prop) if prop else None
 
     def check_schema(self, conn: sa.Connection) -> None:
+        if getattr(conn.dialect, "is_mariadb", False):
+            # Its uuid columns read back with their bytes in another order than they were written,
+            # so no entry matched its key: a sync moved nothing and said all was well.
+            raise SourceSchemaError("a BizTalk MessageBox on MariaDB is not supported: MariaDB returns its uuid "
+                                    "columns with their bytes reordered, so entries cannot be matched to their keys; "
+                                    "use SQL Server (BizTalk's own), PostgreSQL or SQLite")
         insp = sa.inspect(conn)
         schema = self.job.source.schema_
         needed = ["Spool", "MessageParts", "Parts", "Fragments", "InstancesSuspended", self.work.name, self.suspended.name]

@@ -107,3 +107,22 @@ def test_a_key_spelled_otherwise_is_fetched_under_the_key_given(tmp_path: Path) 
     assert [r.values["uidMessageID"] for r in rows] == [m for m, _ in ids]
     assert all(len(r.values["parts"]) == 1 for r in rows)
     engine.dispose()
+
+
+def test_a_messagebox_on_mariadb_is_refused_saying_why(mariadb_database: str, pg_server: str, pg_schema: str,
+                                                        tmp_path: Path, capsys: Any) -> None:
+    """MariaDB returns uuid columns with their bytes reordered: no entry matched its key, and a
+    sync moved nothing and exited 0 (the first review of session 7). The job now stops on it."""
+    from tests.systems.test_biztalk_source import SMALL, BizTalk, fx
+
+    b = BizTalk(tmp_path, mariadb_database, pg_server, target_schema=pg_schema, system="biztalk", queues=[HOST],
+                mapping='[routes]\n"*" = "Orders"\n')
+    b.seed()
+    assert b.cli("init") == 0
+    b.publish(context=fx("ctx_receive.bin"), parts=[SMALL])
+    capsys.readouterr()
+    assert b.cli("sync", "--once") == 2
+    err = capsys.readouterr().err
+    assert "BizTalk MessageBox on MariaDB is not supported" in err and "PostgreSQL" in err, err
+    assert b.count("Orders") == 0 and b.count_rows(f"{HOST}Q") == 1
+    b.dispose()

@@ -30,4 +30,3 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
         chunk = list(keys[start:start + 1000])
         out.update(conn.execute(sa.select(l.c.source_key, l.c.outcome).where(mine, l.c.source_key.in_(chunk))).all())
     return out
-

@@ -235,7 +235,7 @@ class Passes(Batch):
                         oldest.add(age, k)
                     elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
                         leftovers.append(k)
-                if oldest.full() and source.walks_oldest_first and not lock:
+                if oldest.full() and resumes:
                     break  # the rest is younger than this batch
         finally:
             close = getattr(walk, "close", None)

@@ -3,7 +3,10 @@ elsewhere and for a value that holds the separator; the same rows either way."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -13,23 +16,31 @@ from bridge.db import TEXT_SEPARATOR, among
 VALUES = ["ID:a-1", "ID:a-2", "ID:b'3", "ID:ü-4", ""]
 
 
-def _check(url: str, schema: str | None) -> None:
+def _same_rows(url: str, schema: str | None, column: Any, stored: list[Any], asks: list[list[Any]],
+               spelled: Callable[[Any], str] = str) -> None:
+    """`among` with each list of `asks` (as `spelled` writes them) finds the rows of `stored` that
+    the list holds, no more, no fewer."""
     engine = sa.create_engine(url)
-    t = sa.Table("among_t", sa.MetaData(), sa.Column("k", sa.String(64)), schema=schema)
+    t = sa.Table("among_t", sa.MetaData(), sa.Column("k", column), schema=schema)
     try:
         with engine.begin() as conn:
             t.create(conn)
-            conn.execute(t.insert(), [{"k": v} for v in [*VALUES, "other", f"x{TEXT_SEPARATOR}y"]])
+            conn.execute(t.insert(), [{"k": v} for v in stored])
         with engine.connect() as conn:
             dialect = conn.dialect.name
-            for wanted in (["ID:a-1", "ID:ü-4", "ID:b'3", "nosuch"], VALUES[:1], [""], ["", "ID:a-2"], [],
-                           [f"x{TEXT_SEPARATOR}y", "other"]):
-                got = sorted(conn.execute(sa.select(t.c.k).where(among(t.c.k, wanted, dialect))).scalars())
-                assert got == sorted(v for v in [*VALUES, "other", f"x{TEXT_SEPARATOR}y"] if v in wanted), (dialect, wanted)
+            for wanted in asks:
+                got = sorted(conn.execute(sa.select(t.c.k).where(among(t.c.k, [spelled(v) for v in wanted], dialect))).scalars())
+                assert got == sorted(v for v in stored if v in wanted), (dialect, wanted)
     finally:
         with engine.begin() as conn:
             t.drop(conn, checkfirst=True)
         engine.dispose()
+
+
+def _check(url: str, schema: str | None) -> None:
+    _same_rows(url, schema, sa.String(64), [*VALUES, "other", f"x{TEXT_SEPARATOR}y"],
+               [["ID:a-1", "ID:ü-4", "ID:b'3", "nosuch"], VALUES[:1], [""], ["", "ID:a-2"], [],
+                [f"x{TEXT_SEPARATOR}y", "other"]])
 
 
 def test_the_same_rows_on_postgresql(pg_server: str, pg_schema: str) -> None:
@@ -61,24 +72,8 @@ def _check_uuids(url: str, schema: str | None) -> None:
     no operator), as the column's own values elsewhere (CHAR(32) without dashes on SQLite). Not on
     MariaDB: SQLAlchemy reads its UUID type back with bytes swapped (a uuid column is BizTalk's, and
     BizTalk's tables are SQL Server's, PostgreSQL's and SQLite's here)."""
-    import uuid
-
-    engine = sa.create_engine(url)
-    t = sa.Table("among_u", sa.MetaData(), sa.Column("u", sa.Uuid), schema=schema)
     ids = [uuid.UUID(int=i << 64 | i) for i in range(1, 6)]
-    try:
-        with engine.begin() as conn:
-            t.create(conn)
-            conn.execute(t.insert(), [{"u": u} for u in ids])
-        with engine.connect() as conn:
-            dialect = conn.dialect.name
-            for wanted in ([ids[0], ids[3]], ids[4:], [uuid.UUID(int=99)], []):
-                got = sorted(conn.execute(sa.select(t.c.u).where(among(t.c.u, [str(u) for u in wanted], dialect))).scalars())
-                assert got == sorted(u for u in wanted if u in ids), (dialect, wanted)
-    finally:
-        with engine.begin() as conn:
-            t.drop(conn, checkfirst=True)
-        engine.dispose()
+    _same_rows(url, schema, sa.Uuid, ids, [[ids[0], ids[3]], ids[4:], [uuid.UUID(int=99)], []])
 
 
 def test_uuids_as_text_on_postgresql(pg_server: str, pg_schema: str) -> None:

@@ -21,7 +21,6 @@ column's values are not the types NGinn's schema gives.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,7 +46,6 @@ WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, 
 _ODD = "[\\x00-\\x1f\\x7f-\\x9f" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESPACE if ord(c) > 0x9f) + "]"
 _CONTROL = r"[\x00-\x1f]"
 _CONTROL_BUT_LINES = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # a stack trace's \t, \n and \r are escaped
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f]")
 _SEP = "\x1e"  # between the parts of a group key (a control character, so in no lane value)
 
 
@@ -102,13 +100,12 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         if not e.exception_type or len(e.message) > MESSAGE_MAX:  # its parts hold no other control character
             ok[i] = False
         parsed[i] = e
-    objects = (_object(t) if good else None for t, good in zip(text.to_pylist(), ok.tolist()))
-    # Kept only for rules that change or read bodies: a batch of parsed bodies held to the write
+    # The driver's own texts (the column's values), not the Arrow array's made again. Parsed
+    # bodies are kept only for rules that change or read them: a batch of them held to the write
     # costs the plain path its time (the collector walks them) and memory.
-    docs = list(objects) if keep_bodies else None
-    body_types = [_root_type(d) for d in (docs if docs is not None else objects)]
-    body_types = [None if t and _CONTROL_CHARS.search(t) else t for t in body_types]
-    ok &= np.array([t is not None for t in body_types], dtype=bool)
+    types, docs = _body_types(values_at(rows, take, "msg_text"), ok.tolist(), keep_bodies)
+    body_types = pa.array(types, pa.string())
+    ok &= _np(pc.is_valid(body_types)) & ~_np(pc.match_substring_regex(body_types, _CONTROL))
     names, values, split_ok = _split(headers, len(take))
     ok &= split_ok
     if not ok.any():
@@ -121,7 +118,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     names, values = kept(names), kept(values)
     reply = _header(names, values, codec.HDR_REPLY_TO)
     msg_type = _header(names, values, codec.HDR_MSG_TYPE)
-    body_type = pa.array([body_types[i] for i in keep.tolist()], pa.string())
+    body_type = kept(body_types)
     from_body = pc.not_equal(body_type, "")
     legacy_type = pc.if_else(from_body, body_type, pc.fill_null(msg_type, ""))
     subqueue, texts = kept(subqueue), {k: pc.fill_null(kept(a), "") for k, a in texts.items()}
@@ -196,24 +193,31 @@ def _years_ok(local: pa.Array) -> np.ndarray:
     return _np(pc.and_(pc.greater_equal(year, 1000), pc.less_equal(year, 2037)))
 
 
-def _object(text: str) -> dict[str, Any] | None:
-    """The body parsed, when it is a JSON object (kept for the body rules: bridge.targets.lane_rules)."""
-    try:
-        doc = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    return doc if type(doc) is dict else None
-
-
-def _root_type(doc: dict[str, Any] | None) -> str | None:
-    """The body's root `$type` ("" for none), or None when the body is not a JSON object with a
-    string `$type` or none (codec.body_type's rules, stricter: not an object is left out too)."""
-    if doc is None:
-        return None
-    value = doc.get("$type")
-    if value is None:
-        return ""
-    return value if type(value) is str else None
+def _body_types(texts: Sequence[Any], ok: list[bool], keep: bool) -> tuple[list[str | None], list[Any] | None]:
+    """Each body's root `$type` ("" for none), or None where the row is not `ok` or its body is not
+    a JSON object with a string `$type` or none (codec.body_type's rules, stricter: not an object
+    is left out too); with `keep`, the bodies parsed (None where not an object), for the body
+    rules (bridge.targets.lane_rules). One loop with its names local: a call a row costs."""
+    loads, invalid = orjson.loads, orjson.JSONDecodeError
+    types: list[str | None] = []
+    docs: list[Any] | None = [] if keep else None
+    for text, good in zip(texts, ok):
+        doc = None
+        if good:
+            try:
+                doc = loads(text)
+            except invalid:
+                pass
+            if type(doc) is not dict:
+                doc = None
+        if docs is not None:
+            docs.append(doc)
+        if doc is None:
+            types.append(None)
+            continue
+        value = doc.get("$type")
+        types.append("" if value is None else value if type(value) is str else None)
+    return types, docs
 
 
 def _split(headers: pa.Array, n: int) -> tuple[pa.Array, pa.Array, np.ndarray]:

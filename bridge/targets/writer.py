@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from bridge import tracing
 from bridge.codecs.nservicebus import headers_json
 from bridge.errors import TargetSchemaError
-from bridge.model import row_ids
+from bridge.model import row_id_bytes, row_ids
 from bridge.schemas.nservicebus import TargetTables
 from bridge.sources.base import Subscription
 from bridge.targets.bulk import copies, copy_arrow, insert_values
@@ -148,7 +148,7 @@ class TargetWriter:
 
         table, have = self.table(conn, kind, queue)
         if copies(conn) and self.tables.flavor == "postgresql":
-            ids = pa.array([u.bytes for u in row_ids(len(headers))], pa.binary(16))
+            ids = pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), len(headers), [None, pa.py_buffer(row_id_bytes(len(headers)))])
             columns: dict[str, Any] = ({"id": ids, "headers": headers, "body": bodies, "due": dues} if kind == "delayed"
                                        else {"id": ids, "expires": expires, "headers": headers, "body": bodies})
             copy_arrow(conn, table, pa.table(columns))

@@ -62,6 +62,7 @@ import sqlalchemy as sa
 PG = "postgresql+psycopg://127.0.0.1/test"
 SRC, TGT, REF, DLT = "qbench_src", "qbench_tgt", "qbench_ref", "qbench_dlt"
 TGT_M = "qbench_tgtm"  # (m): (a) with --mapping's mapping
+BATCH = [2000]  # the job's batch_size (--batch-size)
 QUEUE = "MQueue1"
 TZ = "Europe/Warsaw"
 
@@ -90,7 +91,7 @@ name       = "bench"
 source     = {{ system = "nginn", connection = "legacy", queues = ["{queue}"], timezone = "{tz}", database = "LegacyDb", schema = "{src}" }}
 target     = {{ connection = "nsb", flavor = "postgresql", schema = "{tgt}" }}
 mapping    = "mapping.toml"
-batch_size = 2000
+batch_size = {batch}
 """
 
 SEED = f"""
@@ -387,7 +388,7 @@ def scalar(url: str, query: str) -> int:
 def fresh_target(url: str, work: Path, schema: str) -> None:
     sql(url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', f'CREATE SCHEMA "{schema}"')
     cfg = work / f"{schema}.toml"
-    text = CONFIG.format(pg=url, queue=QUEUE, tz=TZ, src=SRC, tgt=schema)
+    text = CONFIG.format(pg=url, queue=QUEUE, tz=TZ, src=SRC, tgt=schema, batch=BATCH[0])
     cfg.write_text(text.replace('"mapping.toml"', '"mapping-m.toml"') if schema == TGT_M else text)
     subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
@@ -573,6 +574,8 @@ def main() -> None:
                    "bench/story_mapping.toml, issue 47's rules), beside (a) and (e) in the same run")
     p.add_argument("--repeat", type=int, default=1, metavar="R",
                    help="run every engine R times per N, alternating, and report medians (for a noisy machine)")
+    p.add_argument("--batch-size", type=int, default=BATCH[0], metavar="B",
+                   help="the qbridge job's batch_size, rows a transaction (default %(default)s)")
     p.add_argument("--floor", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--reference", metavar="URL", help=argparse.SUPPRESS)
     p.add_argument("--plain", metavar="URL", help=argparse.SUPPRESS)
@@ -584,6 +587,7 @@ def main() -> None:
         if flag:
             run(flag)
             return
+    BATCH[0] = args.batch_size
     if "a" in args.engines:
         class_archive_ready()
     with tempfile.TemporaryDirectory(prefix="qbridge-bench-") as tmp:

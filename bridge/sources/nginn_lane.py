@@ -85,14 +85,15 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     ok &= ~_np(pc.match_substring_regex(headers, _ODD))
     for name in ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id"):
         ok &= ~_np(pc.match_substring_regex(pc.fill_null(texts[name], ""), _CONTROL))
-    sent, sure = _utc(inserted, tz)
-    ok &= sure & _years_ok(inserted)
+    # The three times as one array: the zone's rules are looked up per call, not per value.
+    n = len(take)
+    local = pa.concat_arrays([inserted, retried, pc.coalesce(processed, retried)])
+    utc, sure = _utc(local, tz)
+    sure &= _years_ok(local)
+    sent, due, failed_at = utc.slice(0, n), utc.slice(n, n), utc.slice(2 * n, n)
     delayed = _np(pc.equal(subqueue, "R"))
-    due, sure = _utc(retried, tz)
-    ok &= (sure & _years_ok(retried)) | ~delayed
     failed = _np(pc.equal(subqueue, "F"))
-    failed_at, sure = _utc(pc.coalesce(processed, retried), tz)
-    ok &= (sure & _years_ok(pc.coalesce(processed, retried))) | ~failed
+    ok &= sure[:n] & (sure[n:2 * n] | ~delayed) & (sure[2 * n:] | ~failed)
     ok &= ~(failed & _np(pc.match_substring_regex(pc.fill_null(errors, ""), _CONTROL_BUT_LINES)))
     parsed: dict[int, Any] = {}
     for i in np.flatnonzero(ok & failed).tolist():

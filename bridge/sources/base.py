@@ -352,7 +352,11 @@ class ScanSource(Source):
             rows += conn.execute(stmt.limit(limit - len(rows))).all()
             if len(rows) >= limit:
                 break
-        return [self.key_of_row(r) for r in rows], (tuple(rows[-1]) if rows else None)
+        return [self.key_of_row(r) for r in rows], (self.sort_of_row(rows[-1]) if rows else None)
+
+    def sort_of_row(self, row: Sequence[Any]) -> tuple[Any, ...]:
+        """The sort tuple of a row `_slices` walked (its columns, by default)."""
+        return tuple(row)
 
     def count_keys(self, conn: sa.Connection) -> int:
         return int(conn.execute(sa.select(sa.func.count()).select_from(self.keyset())).scalar_one())

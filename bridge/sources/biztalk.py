@@ -114,7 +114,10 @@ class BizTalkSource(ScanSource):
             if (after is not None and prefix < after[0]) or (upto is not None and prefix > upto[0]):
                 continue
             cols = [t.c.uidMessageID, t.c.uidInstanceID]
-            stmt = sa.select(sa.literal(prefix).label("p"), *cols).order_by(*cols)
+            # PostgreSQL spells a uuid as str(UUID) does: the key's text comes from the server, no
+            # UUID made in Python per key walked (3.2 -> 0.7 µs a key, issue 49).
+            shown = [sa.cast(c, sa.Text) for c in cols] if dialect == "postgresql" else cols
+            stmt = sa.select(sa.literal(prefix).label("p"), *shown).order_by(*cols)
             if after is not None and prefix == after[0]:
                 stmt = stmt.where(tuple_after(cols, after[1:], dialect))
             if upto is not None and prefix == upto[0]:
@@ -126,7 +129,9 @@ class BizTalkSource(ScanSource):
         """Each entry in the keyset's order, with its message's Spool.dtTimeStamp (local time)."""
         s = self.t["Spool"]
         for prefix, q in (("Q", self.work), ("S", self.suspended)):
-            stmt = (sa.select(sa.literal(prefix), q.c.uidMessageID, q.c.uidInstanceID, s.c.dtTimeStamp)
+            ids = [q.c.uidMessageID, q.c.uidInstanceID]
+            shown = [sa.cast(c, sa.Text) for c in ids] if conn.dialect.name == "postgresql" else ids  # as _slices
+            stmt = (sa.select(sa.literal(prefix), *shown, s.c.dtTimeStamp)
                     .outerjoin(s, s.c.uidMessageID == q.c.uidMessageID).order_by(q.c.uidMessageID, q.c.uidInstanceID))
             for *key, stamp in conn.execute(stmt.execution_options(stream_results=True, yield_per=10_000)):
                 yield self.key_of_row(key), (None if stamp is None else local_to_utc(stamp, self.tz))
@@ -139,6 +144,9 @@ class BizTalkSource(ScanSource):
     def sort_of(self, key: str) -> tuple[str, uuid.UUID, uuid.UUID]:
         """A key is its sort tuple, spelled out: the next pass of a drain walks on after it."""
         return self._split(key)
+
+    def sort_of_row(self, row: Sequence[Any]) -> tuple[str, uuid.UUID, uuid.UUID]:
+        return self._split(self.key_of_row(row))  # a walked row's ids may be their text
 
     def fetch_keys(self, conn: sa.Connection, keys: Sequence[str], lock: bool) -> list[SourceRow]:
         """The entries with these keys, with their Spool row and parts, in the order given; a few

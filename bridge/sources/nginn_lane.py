@@ -35,7 +35,6 @@ from bridge.sources.base import SourceRow
 from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
 from bridge.sources.columns import np_bool as _np
 from bridge.sources.columns import wire as _wire
-from bridge.sources.columns import wire_where as _wire_where
 from bridge.sources.fetched import keys_of, values_at
 
 LANE_STATES = {"I": "ready", "R": "delayed", "X": "processed", "F": "failed"}
@@ -80,11 +79,12 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     counts = values_at(rows, take, "retry_count")
     ok = np.array([type(c) is int and c >= 0 for c in counts], dtype=bool)
     ok &= _np(pc.is_in(subqueue, value_set=pa.array(list(LANE_STATES))))
-    ok &= _np(pc.is_valid(inserted)) & _np(pc.is_valid(retried)) & _np(pc.is_valid(text))
+    ok &= _np(pc.and_(pc.and_(pc.is_valid(inserted), pc.is_valid(retried)), pc.is_valid(text)))
     headers = pc.fill_null(headers, "")
     ok &= ~_np(pc.match_substring_regex(headers, _ODD))
-    for name in ("from_endpoint", "to_endpoint", "correlation_id", "label", "unique_id"):
-        ok &= ~_np(pc.match_substring_regex(pc.fill_null(texts[name], ""), _CONTROL))
+    # A control character in any of the five: one search of them end to end (per call, not per
+    # value, is what a batch's checks cost at the default batch size).
+    ok &= ~_np(pc.match_substring_regex(pc.binary_join_element_wise(*texts.values(), "", null_handling="replace"), _CONTROL))
     # The three times as one array: the zone's rules are looked up per call, not per value.
     n = len(take)
     local = pa.concat_arrays([inserted, retried, pc.coalesce(processed, retried)])
@@ -124,8 +124,8 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     legacy_type = pc.if_else(from_body, body_type, pc.fill_null(msg_type, ""))
     subqueue, texts = kept(subqueue), {k: pc.fill_null(kept(a), "") for k, a in texts.items()}
     retry_count = pa.array([counts[i] for i in keep.tolist()], pa.int64())
-    failures = [parsed.get(i) for i in keep.tolist()]
-    inner = pa.array([bool(f and f.inner_exception_type) for f in failures])
+    failures = _failure_columns(parsed, keep)
+    inner = pc.not_equal(failures["inner"], "")
     flags = {"uid": pc.not_equal(texts["unique_id"], ""), "label": pc.not_equal(texts["label"], ""),
              "retry": pc.not_equal(retry_count, 0), "corr": pc.not_equal(texts["correlation_id"], ""),
              "from_body": from_body, "inner": inner}
@@ -148,16 +148,17 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     lane = groups >= 0
     if not lane.any():
         return None
-    sent_utc, due_utc, failed_utc = kept(sent), kept(due), kept(failed_at)
+    sent_utc, due_utc = kept(sent), kept(due)
+    k = len(keep)
+    wired = _wire(pa.concat_arrays([sent_utc, due_utc, kept(failed_at)]))  # one pass of the wire text, not three
     cols = {
         "mid": pa.array(lane_mids, pa.string()), "key": pa.array(row_keys, pa.string()),
         "from": texts["from_endpoint"], "uid": texts["unique_id"], "label": texts["label"],
         "corr": texts["correlation_id"], "retry": retry_count.cast(pa.string()),
-        "sent": _wire(sent_utc), "due": _wire_where(due_utc, pc.equal(subqueue, "R")),
-        "failed_at": _wire_where(failed_utc, pc.equal(subqueue, "F")),
-        "etype": pa.array([f.exception_type if f else "" for f in failures], pa.string()),
-        "emsg": pa.array([f.message if f else "" for f in failures], pa.string()),
-        "inner": pa.array([(f.inner_exception_type or "") if f else "" for f in failures], pa.string()),
+        "sent": wired.slice(0, k),
+        "due": pc.if_else(pc.equal(subqueue, "R"), wired.slice(k, k), pa.scalar(None, pa.string())),
+        "failed_at": pc.if_else(pc.equal(subqueue, "F"), wired.slice(2 * k, k), pa.scalar(None, pa.string())),
+        **failures,
         "stack": pc.fill_null(kept(errors), ""),
     }
     pick = pa.array(np.flatnonzero(lane))
@@ -177,6 +178,20 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         keys=[row_keys[i] for i in np.flatnonzero(lane).tolist()],
         docs=None if docs is None else [docs[i] for i in keep[lane].tolist()],
     )
+
+
+def _failure_columns(parsed: dict[int, Any], keep: np.ndarray) -> dict[str, pa.Array]:
+    """The exception type, message and inner type of each kept row ("" where it is no failure),
+    from the failed rows' parsed error texts (`parsed`, by batch place)."""
+    blank = pa.repeat("", len(keep))
+    if not parsed:
+        return {"etype": blank, "emsg": blank, "inner": blank}
+    at = np.isin(keep, np.fromiter(parsed, dtype=np.int64, count=len(parsed)))
+    found = [parsed[i] for i in keep[at].tolist()]
+    mask = pa.array(at)
+    return {name: pc.replace_with_mask(blank, mask, pa.array([get(f) for f in found], pa.string()))
+            for name, get in (("etype", lambda f: f.exception_type), ("emsg", lambda f: f.message),
+                              ("inner", lambda f: f.inner_exception_type or ""))}
 
 
 def _utc(local: pa.Array, tz: str) -> tuple[pa.Array, np.ndarray]:

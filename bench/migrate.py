@@ -4,6 +4,7 @@ bulk path and dlt, on the same seeded NGinn rows in one run.
     python3 bench/migrate.py                        # N = 500k and 1M, every engine
     python3 bench/migrate.py --rows 5000000 --engines ad
     python3 bench/migrate.py --repeat 3             # medians of 3 rounds, each engine in turn
+    python3 bench/migrate.py --rows 500000 --engines ab --batch-size 10000   # the job's rows a transaction (default 2000)
     python3 bench/migrate.py --rows 500000 --engines aem --mapping bench/story_mapping.toml
     pip install -e '.[bench]'                       # dlt, for (e)
 

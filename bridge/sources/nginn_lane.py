@@ -150,20 +150,23 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         return None
     sent_utc, due_utc = kept(sent), kept(due)
     k = len(keep)
-    wired = _wire(pa.concat_arrays([sent_utc, due_utc, kept(failed_at)]))  # one pass of the wire text, not three
+    # One pass of the wire text, not three. A due time is only a delayed row's and a failure
+    # time only a failed row's: the others' were never checked (a .NET DateTime.MinValue for
+    # "never" lies before year 1 in UTC) and are not rendered.
+    is_due, is_failed, never = pc.equal(subqueue, "R"), pc.equal(subqueue, "F"), pa.scalar(None, due_utc.type)
+    wired = _wire(pa.concat_arrays([sent_utc, pc.if_else(is_due, due_utc, never), pc.if_else(is_failed, kept(failed_at), never)]))
     cols = {
         "mid": pa.array(lane_mids, pa.string()), "key": pa.array(row_keys, pa.string()),
         "from": texts["from_endpoint"], "uid": texts["unique_id"], "label": texts["label"],
         "corr": texts["correlation_id"], "retry": retry_count.cast(pa.string()),
         "sent": wired.slice(0, k),
-        "due": pc.if_else(pc.equal(subqueue, "R"), wired.slice(k, k), pa.scalar(None, pa.string())),
-        "failed_at": pc.if_else(pc.equal(subqueue, "F"), wired.slice(2 * k, k), pa.scalar(None, pa.string())),
+        "due": wired.slice(k, k),
+        "failed_at": wired.slice(2 * k, k),
         **failures,
         "stack": pc.fill_null(kept(errors), ""),
     }
     pick = pa.array(np.flatnonzero(lane))
     values = values.take(pick)
-    is_due = pc.equal(subqueue, "R")
     return PlainColumns(
         positions=np.asarray(take, dtype=np.int64)[keep[lane]],
         groups=groups[lane],

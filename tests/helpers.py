@@ -165,6 +165,14 @@ late_commit_window = "{self.window}"
         self.target.dispose()
 
 
+def sqlite_nginn(tmp_path: Path, rows: list[dict[str, Any]]) -> Bridge:
+    """An NGinn queue and a target on SQLite files under `tmp_path`, initialised, holding `rows`."""
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db")
+    assert b.cli("init") == 0
+    b.insert(rows)
+    return b
+
+
 def local(dt: datetime, hours: float = 0) -> datetime:
     return dt + timedelta(hours=hours)
 

@@ -12,17 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import sqlite_nginn
 
 from bridge.demo.samples import nginn_body, nginn_row
-from helpers import Bridge
 from tests.pipeline.test_columnar_lane import both_lanes
-
-
-def _bridge(tmp_path: Path, rows: list[dict[str, Any]]) -> Bridge:
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db")
-    assert b.cli("init") == 0
-    b.insert(rows)
-    return b
 
 
 def test_a_delayed_row_due_after_2037_gets_the_same_due_time(tmp_path: Path) -> None:
@@ -31,7 +24,7 @@ def test_a_delayed_row_due_after_2037_gets_the_same_due_time(tmp_path: Path) -> 
     11:00 UTC, in both the DeliverAt header and the .Delayed table's due column. The lane's
     `sure` check (earliest == latest) does not see it: the time is not ambiguous for Arrow."""
     now = datetime.now().replace(microsecond=0)
-    b = _bridge(tmp_path, [nginn_row("MQueue1", 1, now, subqueue="R", retry_time=datetime(2040, 7, 1, 12, 0))])
+    b = sqlite_nginn(tmp_path, [nginn_row("MQueue1", 1, now, subqueue="R", retry_time=datetime(2040, 7, 1, 12, 0))])
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
 
@@ -39,7 +32,7 @@ def test_a_delayed_row_due_after_2037_gets_the_same_due_time(tmp_path: Path) -> 
 def test_a_row_sent_before_the_year_1000_gets_the_same_time_sent(tmp_path: Path) -> None:
     """The lane writes wire times with strftime('%Y'), which glibc does not pad to four digits
     ('999-06-01 ...'); to_wire writes '0999-06-01 ...'."""
-    b = _bridge(tmp_path, [{**nginn_row("MQueue1", 1, datetime(999, 6, 1, 12, 0)),
+    b = sqlite_nginn(tmp_path, [{**nginn_row("MQueue1", 1, datetime(999, 6, 1, 12, 0)),
                             "retry_time": datetime(2026, 6, 1, 12, 0)}])
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
@@ -50,7 +43,7 @@ def test_a_time_whose_utc_falls_before_year_1_is_quarantined_not_a_failed_batch(
     the row (OverflowError, caught); the lane's _wire raises OverflowError out of the batch, on
     every retry, so no row of the queue behind it is ever delivered."""
     now = datetime.now().replace(microsecond=0)
-    b = _bridge(tmp_path, [nginn_row("MQueue1", 1, now),
+    b = sqlite_nginn(tmp_path, [nginn_row("MQueue1", 1, now),
                            {**nginn_row("MQueue1", 2, datetime(1, 1, 1, 0, 30)), "retry_time": now}])
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
@@ -64,7 +57,7 @@ def test_a_nul_marker_in_the_body_type_is_written_as_it_is(tmp_path: Path, marke
     KeyError out of the batch on every retry, where the per-row lanes deliver the row."""
     now = datetime.now().replace(microsecond=0)
     body = '{"$type": "Orders.Evil\\u0000%s\\u0000, Orders", "OrderId": 1}' % marker
-    b = _bridge(tmp_path, [nginn_row("MQueue1", 1, now, body=body)])
+    b = sqlite_nginn(tmp_path, [nginn_row("MQueue1", 1, now, body=body)])
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
 
@@ -77,7 +70,7 @@ def test_rows_whose_type_and_to_endpoint_differ_are_not_one_group(tmp_path: Path
     now = datetime.now().replace(microsecond=0)
     first = nginn_row("MQueue1", 1, now, body='{"$type": "T\\u001eX", "OrderId": 1}')
     second = {**nginn_row("MQueue1", 2, now, body=nginn_body("T", OrderId=2)), "to_endpoint": "X\x1esql://db/MQueue1"}
-    b = _bridge(tmp_path, [first, second])
+    b = sqlite_nginn(tmp_path, [first, second])
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
 
@@ -89,7 +82,7 @@ def test_a_row_without_headers_and_a_row_with_one_empty_name_are_not_one_group(t
     header "", filled with marker L0 at its own header start, which is the next lane row's first
     header value: row 2 is written with row 3's Tenant under the name ""."""
     now = datetime.now().replace(microsecond=0)
-    b = _bridge(tmp_path, [nginn_row("MQueue1", 1, now, headers="=secret"),
+    b = sqlite_nginn(tmp_path, [nginn_row("MQueue1", 1, now, headers="=secret"),
                            nginn_row("MQueue1", 2, now, headers=None),
                            nginn_row("MQueue1", 3, now, headers="Tenant=acme")])
     columnar, per_row = both_lanes(b, False)
@@ -105,7 +98,7 @@ def test_an_error_inside_the_lane_sends_the_batch_to_the_per_row_lanes_and_is_sa
     from bridge.pipeline.loop import PassStats
 
     now = datetime.now().replace(microsecond=0)
-    b = _bridge(tmp_path, [nginn_row("MQueue1", n, now, headers="Tenant=acme") for n in range(1, 81)])
+    b = sqlite_nginn(tmp_path, [nginn_row("MQueue1", n, now, headers="Tenant=acme") for n in range(1, 81)])
     runner = b.runner()
     source = runner.sources["MQueue1"]
     with runner.source_engine.connect() as conn:

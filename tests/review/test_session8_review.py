@@ -11,11 +11,10 @@ from collections.abc import Iterator
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import Bridge
+from helpers import Bridge, sqlite_nginn
 from sqlalchemy.dialects import mssql, postgresql, sqlite
 
 from bridge.demo.samples import nginn_row
@@ -29,13 +28,6 @@ QUEUE = "BizTalkServerApplication"
 
 
 # -- NGinn columnar lane -------------------------------------------------------------------------
-
-def _nginn(tmp_path: Path, rows: list[dict[str, Any]]) -> Bridge:
-    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/legacy.db", f"sqlite:///{tmp_path}/nsb.db")
-    assert b.cli("init") == 0
-    b.insert(rows)
-    return b
-
 
 def _lane_rows(b: Bridge) -> int:
     """How many rows of the queue's first batch the columnar lane itself settles (written or
@@ -64,7 +56,7 @@ def test_an_unused_time_out_of_the_wire_range_keeps_the_batch_on_the_lane(tmp_pa
         rows.append(nginn_row("MQueue1", 4, now, retry_time=datetime(1, 1, 1, 0, 30)))
     else:
         rows.append({**nginn_row("MQueue1", 4, now, subqueue="X"), "last_processed": datetime(1, 1, 1, 0, 30)})
-    b = _nginn(tmp_path, rows)
+    b = sqlite_nginn(tmp_path, rows)
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row  # nothing wrong is written: the fallback is the per-row lanes
     assert _lane_rows(b) == 4
@@ -80,7 +72,7 @@ def test_guard_control_characters_across_column_boundaries_and_nulls(tmp_path: P
             {**nginn_row("MQueue1", 3, now), "label": "ok\x1fno"},
             {**nginn_row("MQueue1", 4, now), "unique_id": "\x00"},
             nginn_row("MQueue1", 5, now)]
-    b = _nginn(tmp_path, rows)
+    b = sqlite_nginn(tmp_path, rows)
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
     assert _lane_rows(b) == 3
@@ -108,7 +100,7 @@ def test_guard_times_and_failures_sliced_right_when_rows_are_left_out(tmp_path: 
             rows.append(nginn_row("MQueue1", n, t, subqueue="F", error_info="the disk was full"))
         else:
             rows.append(nginn_row("MQueue1", n, t, body="[1, 2]") if n % 12 == 5 else nginn_row("MQueue1", n, t))
-    b = _nginn(tmp_path, rows)
+    b = sqlite_nginn(tmp_path, rows)
     columnar, per_row = both_lanes(b, False)
     assert columnar == per_row
     assert _lane_rows(b) >= 12

@@ -11,17 +11,22 @@ on a store seeded anew for each; prints both rates and their ratio. Issue 49's g
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from bridge.demo.samples import biztalk_store
+
+_spec = importlib.util.spec_from_file_location("bench_migrate", Path(__file__).with_name("migrate.py"))
+assert _spec and _spec.loader
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
 
 PG = "postgresql+psycopg://127.0.0.1/test"
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "biztalk"
@@ -66,7 +71,7 @@ def main() -> None:
     engine = sa.create_engine(args.pg)
     rates = {}
     for label in args.only or ["pure-Python", "compiled"]:
-        env = {**os.environ, "QBRIDGE_COMPILED_READERS": "0" if label == "pure-Python" else "1"}
+        os.environ["QBRIDGE_COMPILED_READERS"] = "0" if label == "pure-Python" else "1"
         print(f"seeding {args.messages:,} BizTalk messages ...", flush=True)
         seed(engine, args.messages)
         with tempfile.TemporaryDirectory(prefix="qbridge-bt-") as tmp:
@@ -75,17 +80,15 @@ def main() -> None:
             cfg = work / "bt.toml"
             cfg.write_text(CONFIG.format(pg=args.pg, host=HOST, src=SRC, tgt=TGT))
             subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], check=True, capture_output=True)
-            started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(cfg)], capture_output=True,
-                                  text=True, env=env)
-            seconds = time.perf_counter() - started
-        if done.returncode:
-            sys.exit(done.stderr[-2000:])
+            seconds, _, _, cpu = bench.timed([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(cfg)], work)
         with engine.connect() as conn:
             got = conn.execute(sa.text(f'SELECT count(*) FROM {TGT}."Orders"')).scalar_one()
         rates[label] = args.messages / seconds
         print(f"{label} readers: sync --once: {args.messages:,} messages in {seconds:.1f} s ({rates[label]:,.0f}/s); "
               f"delivered {got:,}", flush=True)
+        # where the time goes: CPU by process kind, per message
+        print(f"  {bench.cpu_line(seconds, cpu)}; " + ", ".join(f"{k} {v / args.messages * 1e6:.0f} µs" for k, v in cpu.items()
+                                                               if v >= 0.05) + " a message", flush=True)
         if got != args.messages:
             sys.exit(f"expected {args.messages} delivered")
     if len(rates) == 2:

@@ -43,21 +43,20 @@ def message_values(source: Any, conn: sa.Connection, key: str, service: str | No
     InstancesSuspended row), its queue entry being gone; None when the message is gone too."""
     prefix, message, instance = source._split(key)
     s, i = source.t["Spool"], source.t["InstancesSuspended"]
-    stmt = sa.select(s.c.uidMessageID.label("spool_id"), s.c.dtTimeStamp, s.c.dtExpiration, s.c.nNumParts,
-                     s.c.uidBodyPartID, s.c.nvcBodyPartName, s.c.nvcMessageType, s.c.imgContext).where(s.c.uidMessageID == message)
+    d = conn.dialect.name
+    stmt = sa.select(*biztalk_fetch.spool_columns(s, d)).where(s.c.uidMessageID == message)
     spool = conn.execute(stmt).mappings().first()
     if spool is None:
         return None
     values = {"uidMessageID": message, "uidInstanceID": instance, "uidServiceID": service, "nvcAdditionalInfo": info,
               **{str(k): v for k, v in spool.items()}, "kind": prefix}
     if prefix == "S":
-        suspended = conn.execute(sa.select(i.c.uidInstanceID.label("suspended_row"), i.c.nState, i.c.dtSuspendTimeStamp,
-                                           i.c.nvcURI, i.c.nvcAdapter, i.c.nvcErrorDescription)
+        suspended = conn.execute(sa.select(*biztalk_fetch.suspension_columns(i, d))
                                  .where(i.c.uidInstanceID == instance)).mappings().first()
         if suspended is None:
             return None
         values.update({str(k): v for k, v in suspended.items()})
-    values["parts"] = biztalk_fetch.parts(conn, source.t, [str(message)]).get(message, [])
+    values["parts"] = biztalk_fetch.parts(conn, source.t, [str(message)]).get(str(message), [])
     return values
 
 

@@ -17,7 +17,9 @@ from typing import Any
 from bridge.codecs.biztalk_values import (
     CLSID_C4,
     CLSID_D4,
+    ERROR_NS,
     MAX_ITEMS,
+    SYSTEM_NS,
     VT_ARRAY,
     BizTalkFormatError,
     ContextProperty,
@@ -28,6 +30,10 @@ from bridge.codecs.compiled import compiled, tell_missing
 
 # biztalk_native.decode_context when it was built: the same answers for a bag that follows the layout, None for any other.
 COMPILED_CONTEXT: Callable[[bytes], tuple[str, list[ContextProperty]] | None] | None = compiled("biztalk_native", "decode_context")
+# (headers, the system MessageType, the error report's MessageType, the InterchangeID): context_fields
+ContextFields = tuple[dict[str, str], Any, Any, Any]
+# biztalk_native.context_fields: the same answers as context_fields_python for such a bag, None for any other.
+COMPILED_FIELDS: Callable[..., ContextFields | None] | None = compiled("biztalk_native", "context_fields")
 MAX_BLOCK = 1 << 20  # BizTalk writes at most 35,840 bytes a block; anything near this is corrupt
 
 # VARTYPE -> (struct format, size); strings and special cases are handled apart.
@@ -143,6 +149,36 @@ def decode_context(blob: bytes) -> tuple[str, list[ContextProperty]]:
         if got is not None:
             return got
     return decode_context_python(blob)
+
+
+def context_fields(blob: bytes, names: dict[tuple[str, str], str], name_of: Callable[[str, str], str],
+                   text_of: Callable[[Any], str]) -> ContextFields:
+    """What a message takes from its bag: (headers, the system MessageType, the error report's
+    MessageType, the InterchangeID); BizTalkFormatError saying why not. A header is each written,
+    promoted or was-promoted property, named by `names[(namespace, property)]` or else by
+    `name_of(namespace, property)`, its value as it is where it is a str, else `text_of(value)`;
+    a property that comes again overwrites (its header keeps its first place)."""
+    if COMPILED_FIELDS is not None:
+        got = COMPILED_FIELDS(blob, names, name_of, text_of)
+        if got is not None:
+            return got
+    return context_fields_python(blob, names, name_of, text_of)
+
+
+def context_fields_python(blob: bytes, names: dict[tuple[str, str], str], name_of: Callable[[str, str], str],
+                          text_of: Callable[[Any], str]) -> ContextFields:
+    """context_fields from decode_context's properties: the reference the compiled one is held to."""
+    _, props = decode_context(blob)
+    ctx = {(p.namespace, p.name): p.value for p in props}
+    headers: dict[str, str] = {}
+    for p in props:
+        if p.context_property_type & (1 | 2 | 16):  # written, promoted, was-promoted
+            name = names.get((p.namespace, p.name))
+            if name is None:
+                name = name_of(p.namespace, p.name)
+            headers[name] = p.value if type(p.value) is str else text_of(p.value)
+    return (headers, ctx.get((SYSTEM_NS, "MessageType")), ctx.get((ERROR_NS, "MessageType")),
+            ctx.get((SYSTEM_NS, "InterchangeID")))
 
 
 def decode_context_python(blob: bytes) -> tuple[str, list[ContextProperty]]:

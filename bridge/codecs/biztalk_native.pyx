@@ -15,7 +15,8 @@ from libc.math cimport fabs, isnan, nearbyint
 from libc.stdio cimport snprintf
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
 
-from bridge.codecs.biztalk_values import CLSID_C4, CLSID_D4, MAX_ITEMS, VT_ARRAY, ContextProperty, currency, ole_date
+from bridge.codecs.biztalk_values import (CLSID_C4, CLSID_D4, ERROR_NS, MAX_ITEMS, SYSTEM_NS, VT_ARRAY, ContextProperty,
+                                          currency, ole_date)
 
 cdef extern from "Python.h":
     double PyFloat_Unpack4(const char* p, int le) except? -1.0
@@ -82,6 +83,8 @@ cdef class _Bag:
     cdef bytes data
     cdef const unsigned char* p
     cdef Py_ssize_t pos, size
+    cdef int vt  # of the last value read
+    cdef bint is_array
 
     def __cinit__(self, bytes data):
         self.data = data
@@ -151,6 +154,12 @@ cdef class _Bag:
         raise _Decline
 
     cdef object property(self, str name, str namespace, int32_t ptype):
+        value = self.value()
+        cdef tuple args = ((name, namespace, self.vt, ptype, self.is_array, value),)
+        return _TUPLE.tp_new(_PROPERTY, <PyObject*>args, NULL)
+
+    cdef object value(self):
+        """A property's VARIANT: its value, with its type and arrayness in `vt` and `is_array`."""
         cdef const unsigned char* b = self.p + self.advance(3)
         cdef int is_array = b[0]
         cdef int raw_vt = _u16(b + 1)
@@ -171,17 +180,70 @@ cdef class _Bag:
                 if total > MAX_ITEMS:
                     raise _Decline
             value = [self.scalar(vt) for i in range(total)]
-        cdef tuple args = ((name, namespace, vt, ptype, is_array != 0, value),)
-        return _TUPLE.tp_new(_PROPERTY, <PyObject*>args, NULL)
+        self.vt = vt
+        self.is_array = is_array != 0
+        return value
 
 
-def decode_context(blob):
-    """biztalk.decode_context's (layout, properties) of a bag that follows the layout; None for
-    anything else (the Python reader then says what is wrong)."""
+cdef class _Sink:
+    """What a walk of a bag makes of each property: the property itself (decode_context), or its
+    header and the values a message's fields pick (context_fields)."""
+    cdef list props, unspelled
+    cdef dict headers, names
+    cdef object name_of
+    cdef public object message_type, report_type, interchange
+
+    cdef int take(self, _Bag c, str name, str namespace, int32_t ptype) except -1:
+        if self.props is not None:
+            self.props.append(c.property(name, namespace, ptype))
+            return 0
+        value = c.value()
+        # biztalk.py's ctx: the last property of a (namespace, name) holds its value
+        if name == "MessageType":
+            if namespace == _SYSTEM_NS:
+                self.message_type = value
+            elif namespace == _ERROR_NS:
+                self.report_type = value
+        elif name == "InterchangeID" and namespace == _SYSTEM_NS:
+            self.interchange = value
+        if ptype & (1 | 2 | 16):  # written, promoted, was-promoted
+            key = (namespace, name)
+            header = self.names.get(key)
+            if header is None:
+                header = self.name_of(namespace, name)
+            text = _text(value)
+            if text is None:  # spelled once the whole bag has read: a bag that does not read is not spelled
+                self.unspelled.append((header, value))
+                text = value
+            self.headers[header] = text
+        return 0
+
+
+cdef inline object _text(object value):
+    """text_of(value), in C for the kinds most bags hold (its answers: a bool as true/false, an
+    int in decimal, None as nothing); None for the others."""
+    if type(value) is str:
+        return value
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if type(value) is int:
+        return str(value)
+    if value is None:
+        return ""
+    return None
+
+
+cdef str _SYSTEM_NS = SYSTEM_NS
+cdef str _ERROR_NS = ERROR_NS
+
+
+cdef object _walk(object blob, _Sink sink):
+    """The bag's layout with every property given to `sink`; None where the Python reader decides."""
     cdef _Bag c = _Bag(bytes(blob))
     cdef Py_ssize_t i, j, namespaces, count
     cdef int32_t prefix, ptype
-    cdef list props = []
     try:
         clsid = c.data[:16]
         c.advance(16)
@@ -193,7 +255,7 @@ def decode_context(blob):
                 for j in range(count):
                     name = c.string()
                     ptype = c.i32()
-                    props.append(c.property(name, namespace, ptype))
+                    sink.take(c, name, namespace, ptype)
             layout = "C4"
         elif clsid == CLSID_D4:
             count = c.count()
@@ -202,7 +264,7 @@ def decode_context(blob):
                 key = c.string()
                 ptype = c.i32()
                 name, sep, namespace = key.partition("^")
-                props.append(c.property(name, namespace, ptype))
+                sink.take(c, name, namespace, ptype)
                 if sep and prefix != len(name.encode("utf-16-le")) // 2:
                     raise _Decline
             layout = "D4"
@@ -212,4 +274,33 @@ def decode_context(blob):
             return None
     except (_Decline, ValueError, OverflowError):
         return None
-    return layout, props
+    return layout
+
+
+def decode_context(blob):
+    """biztalk.decode_context's (layout, properties) of a bag that follows the layout; None for
+    anything else (the Python reader then says what is wrong)."""
+    cdef _Sink sink = _Sink()
+    sink.props = []
+    layout = _walk(blob, sink)
+    return None if layout is None else (layout, sink.props)
+
+
+def context_fields(blob, dict names, name_of, text_of):
+    """What BizTalkSource makes of a bag, without its properties: (headers, the system
+    MessageType, the error report's MessageType, the InterchangeID), as biztalk.context_fields
+    makes them from decode_context's properties; None where that reader decides. `names` maps
+    (namespace, property) to a header name; `name_of(namespace, property)` names the others;
+    `text_of(value)` spells a value that is not a str."""
+    cdef _Sink sink = _Sink()
+    sink.headers = {}
+    sink.names = names
+    sink.name_of = name_of
+    sink.unspelled = []
+    if _walk(blob, sink) is None:
+        return None
+    for header, value in sink.unspelled:  # each, in order, as the Python reader spells (and fails on) them
+        text = text_of(value)
+        if sink.headers[header] is value:  # not since replaced by a property that came again
+            sink.headers[header] = text
+    return sink.headers, sink.message_type, sink.report_type, sink.interchange

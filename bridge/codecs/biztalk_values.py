@@ -21,6 +21,10 @@ class BizTalkFormatError(ValueError):
     """A context bag or part stream that does not follow the MessageBox layout."""
 
 
+SYSTEM_NS = "http://schemas.microsoft.com/BizTalk/2003/system-properties"
+ERROR_NS = "http://schemas.microsoft.com/BizTalk/2005/error-report"
+
+
 class ContextProperty(NamedTuple):
     """One property of a context bag. A tuple, not a frozen dataclass: a bag holds dozens and every
     message's bag is read, and a frozen dataclass takes ~2 µs to make, a tuple ~0.2 (issue 49)."""

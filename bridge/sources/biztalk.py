@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 import orjson
 import sqlalchemy as sa
 
-from bridge.codecs.biztalk import BizTalkFormatError, ContextProperty, decode_context, decode_part
+from bridge.codecs.biztalk import BizTalkFormatError, ContextFields, context_fields, decode_part
+from bridge.codecs.biztalk_values import ERROR_NS, SYSTEM_NS
 from bridge.config import JobConfig
 from bridge.db import binary_rows, by_index
 from bridge.errors import BadRow, SourceSchemaError
@@ -26,8 +27,6 @@ from bridge.sources import biztalk_fetch, biztalk_giveback, plain_lane
 from bridge.sources.base import ScanSource, SourceRow, Subscription, tuple_after
 from bridge.timefmt import local_to_utc, utcnow, zone
 
-SYSTEM_NS = "http://schemas.microsoft.com/BizTalk/2003/system-properties"
-ERROR_NS = "http://schemas.microsoft.com/BizTalk/2005/error-report"
 SHORT_NAMES = {
     SYSTEM_NS: "BTS",
     "http://schemas.microsoft.com/BizTalk/2003/file-properties": "FILE",
@@ -252,15 +251,12 @@ class BizTalkSource(ScanSource):
         if v["spool_id"] is None:
             raise BadRow(f"work-queue entry refers to message {v['uidMessageID']} that is not in Spool")
         try:
-            _, props = decode_context(bytes(v["imgContext"] or b""))
+            headers, message_type, report_type, interchange = self.context(bytes(v["imgContext"] or b""))
             body_name, body, extra = self._decode_parts(v)
         except BizTalkFormatError as e:
             raise BadRow(str(e)) from None
-        ctx = {(p.namespace, p.name): p for p in props}
         # A message suspended before routing carries its type in the error report only.
-        report = ctx.get((ERROR_NS, "MessageType"))
-        message_type = self._value(ctx, "MessageType") or (report.value if report else None) or v["nvcMessageType"]
-        headers = self._headers(props)
+        message_type = message_type or report_type or v["nvcMessageType"]
         headers["BizTalk.MessageID"] = str(v["uidMessageID"])
         headers["BizTalk.InstanceID"] = str(v["uidInstanceID"])
         headers["BizTalk.BodyPartName"] = body_name
@@ -276,30 +272,23 @@ class BizTalkSource(ScanSource):
             state, failure = "failed", self._failure(v, headers)
         elif expires is not None and expires <= utcnow():
             state = "expired"
-        return (state, self._value(ctx, "InterchangeID") or None, message_type or None,
+        return (state, interchange or None, message_type or None,
                 "application/xml" if body.lstrip()[:1] == b"<" else "application/octet-stream", sent, expires, failure,
                 headers, body, extra)
 
     plain_columns = plain_lane.decoded_columns
 
-    @staticmethod
-    def _value(ctx: dict[tuple[str, str], ContextProperty], name: str) -> Any:
-        prop = ctx.get((SYSTEM_NS, name))
-        return None if prop is None else prop.value
+    def context(self, blob: bytes) -> ContextFields:
+        """An imgContext bag's headers and picked values (codecs.biztalk.context_fields), its
+        properties named as this source's mapping names their namespaces."""
+        return context_fields(blob, self.header_names, self._header_name, header_text)
 
-    def _headers(self, props: list[ContextProperty]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        names = self.header_names
-        for p in props:
-            if p.context_property_type & (1 | 2 | 16):  # written, promoted, was-promoted
-                name = names.get((p.namespace, p.name))
-                if name is None:
-                    name = f"{short_name(p.namespace, self.namespaces)}.{p.name}"
-                    if len(names) < 10_000:  # a bag's names repeat; a store of made-up ones stays bounded
-                        names[(p.namespace, p.name)] = name
-                value = p.value
-                out[name] = value if type(value) is str else header_text(value)
-        return out
+    def _header_name(self, namespace: str, name: str) -> str:
+        """A context property's header name, kept for the bags to come (`header_names`)."""
+        header = f"{short_name(namespace, self.namespaces)}.{name}"
+        if len(self.header_names) < 10_000:  # a bag's names repeat; a store of made-up ones stays bounded
+            self.header_names[(namespace, name)] = header
+        return header
 
     def _decode_parts(self, v: dict[str, Any]) -> tuple[str, bytes, list[Part]]:
         parts = v["parts"]

@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridge.codecs import biztalk
-from bridge.codecs.biztalk import BizTalkFormatError, decode_context, decode_context_python
-from bridge.codecs.biztalk_values import CLSID_C4, CLSID_D4, VT_ARRAY
+from bridge.codecs.biztalk import BizTalkFormatError, context_fields_python, decode_context, decode_context_python
+from bridge.codecs.biztalk_values import CLSID_C4, CLSID_D4, ERROR_NS, SYSTEM_NS, VT_ARRAY
+from bridge.sources.biztalk import header_text
 
 HERE = Path(__file__).parents[1] / "fixtures" / "biztalk"
 BAGS = sorted(p for p in HERE.glob("*ctx*.bin"))
@@ -23,6 +24,44 @@ BAGS = sorted(p for p in HERE.glob("*ctx*.bin"))
 
 def test_the_compiled_reader_is_built_and_used() -> None:
     assert biztalk.COMPILED_CONTEXT is not None, "bridge.codecs.biztalk_native was not built: pip install -e . with gcc"
+    assert biztalk.COMPILED_FIELDS is not None
+
+
+def _fields(read: object, blob: bytes) -> tuple[object, dict]:
+    """(what `read` makes of the bag's fields, the header names it left known), from a names
+    store that knows one name already and a namer that keeps what it names, as BizTalkSource's do."""
+    names = {(SYSTEM_NS, "MessageType"): "BTS.MessageType"}
+
+    def name_of(namespace: str, name: str) -> str:
+        header = f"{namespace[-3:]}.{name}"
+        names[(namespace, name)] = header
+        return header
+
+    return read(blob, names, name_of, header_text), names  # type: ignore[operator]
+
+
+def same_fields(blob: bytes, reads: bool) -> None:
+    """The compiled context_fields against the Python one: the same headers (order, values and
+    their types), picked values and names, where the bag reads; a decline where it does not."""
+    try:
+        slow, slow_names = _fields(context_fields_python, blob)
+    except TypeError as e:  # a value header_text cannot spell (a list holding a lone surrogate): the same error
+        assert reads
+        with pytest.raises(TypeError) as refused:
+            _fields(biztalk.COMPILED_FIELDS, blob)
+        assert str(refused.value) == str(e)
+        return
+    except (BizTalkFormatError, UnicodeEncodeError):
+        assert not reads
+    fast, fast_names = _fields(biztalk.COMPILED_FIELDS, blob)
+    if not reads:
+        assert fast is None
+        return
+    assert fast is not None, "the compiled fields declined a bag the Python reader reads"
+    assert repr(fast) == repr(slow) and list(fast[0]) == list(slow[0])
+    assert [type(v) for v in fast[0].values()] == [type(v) for v in slow[0].values()]
+    assert [type(v) for v in fast[1:]] == [type(v) for v in slow[1:]]
+    assert fast_names == slow_names
 
 
 def same_or_declined(blob: bytes) -> object:
@@ -36,13 +75,16 @@ def same_or_declined(blob: bytes) -> object:
         with pytest.raises(BizTalkFormatError) as refused:
             decode_context(blob)
         assert str(refused.value) == str(e)
+        same_fields(blob, reads=False)
         return None
     except UnicodeEncodeError:  # a D4 key with a lone surrogate: the Python reader's own error
         assert fast is None
+        same_fields(blob, reads=False)
         return None
     assert fast is not None, "the compiled reader declined a bag the Python reader reads"
     assert repr(fast) == repr(slow)
     assert all(type(p) is type(q) for p, q in zip(fast[1], slow[1]))
+    same_fields(blob, reads=True)
     return fast
 
 
@@ -62,6 +104,8 @@ _SCALAR = {2: "<h", 3: "<i", 4: "<f", 5: "<d", 6: "<q", 7: "<d", 10: "<i", 11: "
 _RANGES = {"<h": (-2**15, 2**15 - 1), "<i": (-2**31, 2**31 - 1), "<q": (-2**63, 2**63 - 1), "<b": (-128, 127),
            "<B": (0, 255), "<H": (0, 2**16 - 1), "<I": (0, 2**32 - 1), "<Q": (0, 2**64 - 1)}
 _text = st.text(st.one_of(st.characters(exclude_characters="\0"), st.characters(categories=["Cs"])), max_size=20)
+# names and namespaces that context_fields picks values by, or names from its names store
+_named = st.one_of(_text, st.sampled_from([SYSTEM_NS, ERROR_NS, "MessageType", "InterchangeID"]))
 
 
 @st.composite
@@ -96,7 +140,7 @@ _ptype = st.sampled_from([1, 2, 4, 16, 0, 3])
 
 @st.composite
 def c4_bags(draw: st.DrawFn) -> bytes:
-    spaces = draw(st.lists(st.tuples(_text, st.lists(st.tuples(_text, _ptype, _value()), max_size=6)), max_size=4))
+    spaces = draw(st.lists(st.tuples(_named, st.lists(st.tuples(_named, _ptype, _value()), max_size=6)), max_size=4))
     out = CLSID_C4 + struct.pack("<i", len(spaces))
     for namespace, props in spaces:
         out += _string(namespace) + struct.pack("<i", len(props))
@@ -107,7 +151,7 @@ def c4_bags(draw: st.DrawFn) -> bytes:
 
 @st.composite
 def d4_bags(draw: st.DrawFn) -> bytes:
-    props = draw(st.lists(st.tuples(_text, st.one_of(st.none(), _text), _ptype, _value(), st.booleans()), max_size=8))
+    props = draw(st.lists(st.tuples(_named, st.one_of(st.none(), _named), _ptype, _value(), st.booleans()), max_size=8))
     out = CLSID_D4 + struct.pack("<i", len(props))
     for name, namespace, ptype, value, right_prefix in props:
         key = name if namespace is None else f"{name}^{namespace}"

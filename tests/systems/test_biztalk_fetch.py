@@ -68,21 +68,19 @@ def test_a_batch_is_fetched_by_the_queues_key_not_by_reading_the_queue(pg_server
 
 def test_header_names_follow_the_namespaces_of_the_mapping_in_force(tmp_path: Path) -> None:
     """The names are cached by (namespace, property); a reload's mapping names them anew."""
-    from bridge.codecs.biztalk import decode_context
-
     source = make_source(tmp_path, f"sqlite:///{tmp_path}/bt.db", None, sa.create_engine(f"sqlite:///{tmp_path}/bt.db"))
-    _, props = decode_context((FIX / "ctx_receive.bin").read_bytes())
+    bag = (FIX / "ctx_receive.bin").read_bytes()
 
     def mapping(namespaces: dict[str, str]) -> Any:
         return SimpleNamespace(biztalk=SimpleNamespace(namespaces=namespaces, message_type_property_id=None))
 
     ns = "http://example.org/orders/properties"
     source.configure(mapping({ns: "Orders"}))
-    first = source._headers(props)
+    first = source.context(bag)[0]
     assert first["Orders.CustomerName"].startswith("Zoë") and first["Orders.IsRush"] == "false"
-    assert source._headers(props) == first  # from the cache
+    assert source.context(bag)[0] == first  # from the cache
     source.configure(mapping({ns: "Sales"}))
-    again = source._headers(props)
+    again = source.context(bag)[0]
     assert "Orders.CustomerName" not in again and again["Sales.CustomerName"] == first["Orders.CustomerName"]
     assert again["Sales.IsRush"] == "false"
 

@@ -44,7 +44,7 @@ batch_size = 1000
 """
 
 
-def seed(engine: sa.Engine, n: int) -> None:
+def seed(engine: sa.Engine, n: int, vacuum: bool = False) -> None:
     context, part = (FIX / "ctx_receive.bin").read_bytes(), (FIX / "part_small_compressed.bin").read_bytes()
     with engine.begin() as conn:
         for schema in (SRC, TGT):
@@ -60,6 +60,10 @@ def seed(engine: sa.Engine, n: int) -> None:
         conn.execute(t[f"{HOST}Q"].insert(), [dict(uidMessageID=m, uidInstanceID=i) for m, i, _ in ids])
         for name in ("Spool", "MessageParts", "Parts", f"{HOST}Q"):
             conn.execute(sa.text(f'ANALYZE {SRC}."{name}"'))
+    if vacuum:  # pages as a running MessageBox's are: read before (hint bits set), not just written
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for name in ("Spool", "MessageParts", "Parts", f"{HOST}Q"):
+                conn.execute(sa.text(f'VACUUM {SRC}."{name}"'))
 
 
 def main() -> None:
@@ -67,13 +71,15 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=20_000)
     p.add_argument("--pg", default=PG)
     p.add_argument("--only", nargs="+", choices=["pure-Python", "compiled"], help="run these readers only")
+    p.add_argument("--vacuum", action="store_true", help="VACUUM the store after seeding it: its pages read once, as a "
+                   "running MessageBox's are, where a store just written makes the first reader set every row's hint bits")
     args = p.parse_args()
     engine = sa.create_engine(args.pg)
     rates = {}
     for label in args.only or ["pure-Python", "compiled"]:
         os.environ["QBRIDGE_COMPILED_READERS"] = "0" if label == "pure-Python" else "1"
         print(f"seeding {args.messages:,} BizTalk messages ...", flush=True)
-        seed(engine, args.messages)
+        seed(engine, args.messages, args.vacuum)
         with tempfile.TemporaryDirectory(prefix="qbridge-bt-") as tmp:
             work = Path(tmp)
             (work / "mapping.toml").write_text('[routes]\n"*" = "Orders"\n')

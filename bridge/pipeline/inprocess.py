@@ -24,7 +24,11 @@ def run_inprocess(runners: list[JobRunner], console: Console, attempts: int = 6)
         with about(name):  # the retries' lines are this job's
             with_backoff(runner.check, f"job {name}: checking tables", attempts=attempts)
             with_backoff(runner.sync_subscriptions, f"job {name}: subscriptions", attempts=attempts)
-            plans.append((runner, with_backoff(partial(backlog, runner), f"job {name}: counting rows", attempts=attempts)))
+            # The backlog sizes the progress bars only: where none is drawn (a scheduler, a pipe) no
+            # count is made, which for a scan source is a walk of every key against the ledger.
+            counts = (with_backoff(partial(backlog, runner), f"job {name}: counting rows", attempts=attempts)
+                      if console.is_terminal else dict.fromkeys(runner.sources, 0))
+            plans.append((runner, counts))
     totals: list[PassStats] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:

@@ -120,7 +120,8 @@ def _lz4_unless_chosen(engine: sa.Engine) -> None:
                 cur.execute(_LZ4_UNLESS_CHOSEN)
             dbapi_connection.commit()  # a session setting made in a transaction lasts only if it commits
         except psycopg.Error as e:  # a server that speaks PostgreSQL's protocol but has no such setting: pglz it is
-            dbapi_connection.rollback()
+            with suppress(psycopg.Error):  # a connection lost meanwhile: its own error comes with its next use
+                dbapi_connection.rollback()
             logging.getLogger("qbridge.db").debug("default_toast_compression left as it is: %s", e)
 
 

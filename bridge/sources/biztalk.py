@@ -8,6 +8,7 @@ entries are new. Message data stays in Spool / MessageParts / Parts / Fragments.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -53,7 +54,10 @@ def header_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return orjson.dumps(value).decode()
+        try:
+            return orjson.dumps(value).decode()
+        except TypeError:  # a BSTR holding a lone surrogate: kept, for the target's refusal to name the header
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return "" if value is None else str(value)
 
 

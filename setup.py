@@ -1,4 +1,4 @@
-"""The compiled readers of OpenJMS blobs and BizTalk context bags (issue 49): built at install by the machine's C compiler through Cython.
+"""The compiled readers of OpenJMS blobs, BizTalk context bags and JSON bodies' root `$type` (issue 49): built at install by the machine's C compiler through Cython.
 
 `optional=True`: a machine without a compiler still installs qbridge, and the pure-Python
 reader the compiled one is held to (bridge/codecs/openjms_fast.py) does the work, about 5x
@@ -10,6 +10,6 @@ from setuptools import Extension, setup
 
 setup(ext_modules=cythonize(
     [Extension(f"bridge.codecs.{name}", [f"bridge/codecs/{name}.pyx"], optional=True)
-     for name in ("openjms_native", "biztalk_native")],
+     for name in ("openjms_native", "biztalk_native", "bodytype_native")],
     compiler_directives={"language_level": 3},
 ))

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bridge.codecs import nginn as codec
+from bridge.codecs.compiled import compiled
 from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
 from bridge.sources.base import SourceRow
 from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
@@ -46,6 +47,8 @@ _ODD = "[\\x00-\\x1f\\x7f-\\x9f" + "".join(f"\\x{{{ord(c):x}}}" for c in WHITESP
 _CONTROL = r"[\x00-\x1f]"
 _CONTROL_BUT_LINES = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"  # a stack trace's \t, \n and \r are escaped
 _SEP = "\x1e"  # between the parts of a group key (a control character, so in no lane value)
+# bodytype_native.root_types when it was built: a body's root `$type` where it is sure, DEFER where orjson decides.
+ROOT_TYPES: Callable[[list[Any], list[bool]], tuple[list[Any], list[int]]] | None = compiled("bodytype_native", "root_types")
 
 
 def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence[str], tz: str, queue: str,
@@ -212,13 +215,24 @@ def _years_ok(local: pa.Array) -> np.ndarray:
     return _np(pc.and_(pc.greater_equal(year, 1000), pc.less_equal(year, 2037)))
 
 
-def _body_types(texts: Sequence[Any], ok: list[bool], keep: bool) -> tuple[list[str | None], list[Any] | None]:
+def _body_types(texts: Sequence[Any], ok: list[bool], keep: bool, parse: bool = False
+                ) -> tuple[list[str | None], list[Any] | None]:
     """Each body's root `$type` ("" for none), or None where the row is not `ok` or its body is not
     a JSON object with a string `$type` or none (codec.body_type's rules, stricter: not an object
     is left out too); with `keep`, the bodies parsed (None where not an object), for the body
-    rules (bridge.targets.lane_rules). One loop with its names local: a call a row costs."""
+    rules (bridge.targets.lane_rules). One loop with its names local: a call a row costs.
+    Without `keep`, the compiled scanner answers the bodies it is sure of without making their
+    objects, and this loop the others (bridge/codecs/bodytype_native.pyx)."""
+    types: list[str | None]
+    if not (keep or parse) and ROOT_TYPES is not None:
+        types, deferred = ROOT_TYPES(texts if isinstance(texts, list) else list(texts), ok)
+        if deferred:
+            again, _ = _body_types([texts[i] for i in deferred], [True] * len(deferred), False, parse=True)
+            for i, t in zip(deferred, again):
+                types[i] = t
+        return types, None
     loads, invalid = orjson.loads, orjson.JSONDecodeError
-    types: list[str | None] = []
+    types = []
     docs: list[Any] | None = [] if keep else None
     for text, good in zip(texts, ok):
         doc = None

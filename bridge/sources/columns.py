@@ -63,6 +63,16 @@ class PlainColumns:
     docs: list[Any] | None = None
 
 
+def taken(a: pa.Array, index: np.ndarray) -> pa.Array:
+    """a.take(index); `a` itself where `index` is each of its places in order and `a` starts at
+    its buffers' start (most batches keep every row of every group: a copy of each column saved)."""
+    n = len(index)
+    if n == len(a) and a.offset == 0 and (n == 0 or (index[0] == 0 and index[-1] == n - 1
+                                                     and bool(np.array_equal(index, np.arange(n))))):
+        return a
+    return a.take(pa.array(index))
+
+
 def np_bool(a: pa.Array) -> np.ndarray:
     """A boolean Arrow array as numpy, null as False."""
     return np.asarray(pc.fill_null(a, False).to_numpy(zero_copy_only=False), dtype=bool)

@@ -33,7 +33,7 @@ from bridge.codecs import nginn as codec
 from bridge.codecs.compiled import compiled
 from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
 from bridge.sources.base import SourceRow
-from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
+from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark, taken
 from bridge.sources.columns import np_bool as _np
 from bridge.sources.columns import wire as _wire
 from bridge.sources.fetched import keys_of, values_at
@@ -117,7 +117,7 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     keep = np.flatnonzero(ok)
 
     def kept(a: pa.Array) -> pa.Array:
-        return a.take(pa.array(keep))
+        return taken(a, keep)
 
     names, values = kept(names), kept(values)
     reply = _header(names, values, codec.HDR_REPLY_TO)
@@ -168,18 +168,18 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
         **failures,
         "stack": pc.fill_null(kept(errors), ""),
     }
-    pick = pa.array(np.flatnonzero(lane))
-    values = values.take(pick)
+    pick = np.flatnonzero(lane)
+    values = taken(values, pick)
     return PlainColumns(
         positions=np.asarray(take, dtype=np.int64)[keep[lane]],
         groups=groups[lane],
         examples=examples,
-        values={k: a.take(pick) for k, a in cols.items()},
+        values={k: taken(a, pick) for k, a in cols.items()},
         header_values=pc.list_flatten(values),
         header_starts=_starts(values),
-        bodies=kept(text).take(pick).cast(pa.binary()),
-        sent=sent_utc.take(pick),
-        due=pc.if_else(is_due, due_utc, pa.scalar(None, due_utc.type)).take(pick),
+        bodies=taken(kept(text), pick).cast(pa.binary()),
+        sent=taken(sent_utc, pick),
+        due=taken(pc.if_else(is_due, due_utc, pa.scalar(None, due_utc.type)), pick),
         mids=[lane_mids[i] for i in np.flatnonzero(lane).tolist()],
         keys=[row_keys[i] for i in np.flatnonzero(lane).tolist()],
         docs=None if docs is None else [docs[i] for i in keep[lane].tolist()],

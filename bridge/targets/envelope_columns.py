@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from bridge.codecs.nservicebus import headers_json
 from bridge.mapping import Mapping
 from bridge.mapping_rules import FORCED
-from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark
+from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark, taken
 from bridge.targets.base import Skipped
 from bridge.targets.envelope import Outgoing
 from bridge.targets.reshape import EXAMPLE, GiveBack
@@ -104,13 +104,12 @@ def lane_outcomes(cols: PlainColumns, envelope: object, ledger_target: object, m
         if parts is None or not _known(cols, parts[1::2]):
             done.given_back.append(rows)
             continue
-        take = pa.array(rows)
         pieces: list[object] = []
         for i, part in enumerate(parts):
-            pieces.append(part if i % 2 == 0 else _column(cols, escaped, part, rows, take))
+            pieces.append(part if i % 2 == 0 else _column(cols, escaped, part, rows))
         done.tables.append(TableColumns(
             out.kind, out.queue, cols.positions[rows], pc.binary_join_element_wise(*pieces, ""),
-            cols.bodies.take(take), cols.due.take(take) if out.due is DUE and cols.due is not None else None,
+            taken(cols.bodies, rows), taken(cols.due, rows) if out.due is DUE and cols.due is not None else None,
             TRACEPARENT in out.headers, out.expires))
         done.delivered.append((rows, ledger_target(out)))  # type: ignore[operator]
     return done
@@ -154,7 +153,7 @@ def _escape(a: pa.Array) -> pa.Array:
 _ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("/", "\\/"), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 
 
-def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: np.ndarray, take: pa.Array) -> pa.Array:
+def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: np.ndarray) -> pa.Array:
     """Marker `name`'s escaped values for `rows`: a column of the PlainColumns, or L<k>, the k-th
     legacy header value of each row (every row of a group has the same header names)."""
     if name.startswith("L") and name[1:].isdigit():
@@ -163,4 +162,4 @@ def _column(cols: PlainColumns, escaped: dict[str, pa.Array], name: str, rows: n
         return escaped["L"].take(pa.array(cols.header_starts[rows] + int(name[1:])))
     if name not in escaped:
         escaped[name] = cols.values[name] if name in cols.unescaped else _escape(cols.values[name])
-    return escaped[name].take(take)
+    return taken(escaped[name], rows)

@@ -103,6 +103,8 @@ class TargetWriter:
         import numpy as np
         import pyarrow as pa
 
+        from bridge.sources.columns import taken
+
         utc, naive = pa.timestamp("us", "UTC"), pa.timestamp("us")
         parent = self._traceparent()
         parts: dict[tuple[str, str], list[TableColumns]] = {}
@@ -137,8 +139,8 @@ class TargetWriter:
                     headers = pc.if_else(own, pc.if_else(kept, headers, fixed), traced)
                 else:
                     headers = traced
-            order = pa.array(np.argsort(positions, kind="stable"))
-            self._write_columns(conn, kind, queue, headers.take(order), bodies.take(order), expires.take(order), dues.take(order))
+            order = np.argsort(positions, kind="stable")
+            self._write_columns(conn, kind, queue, *(taken(a, order) for a in (headers, bodies, expires, dues)))
 
     def _write_columns(self, conn: sa.Connection, kind: str, queue: str, headers: pa.Array, bodies: pa.Array,
                        expires: pa.Array, dues: pa.Array) -> None:

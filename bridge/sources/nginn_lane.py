@@ -215,24 +215,26 @@ def _years_ok(local: pa.Array) -> np.ndarray:
     return _np(pc.and_(pc.greater_equal(year, 1000), pc.less_equal(year, 2037)))
 
 
-def _body_types(texts: Sequence[Any], ok: list[bool], keep: bool, parse: bool = False
-                ) -> tuple[list[str | None], list[Any] | None]:
+def _body_types(texts: Sequence[Any], ok: list[bool], keep: bool) -> tuple[list[str | None], list[Any] | None]:
     """Each body's root `$type` ("" for none), or None where the row is not `ok` or its body is not
     a JSON object with a string `$type` or none (codec.body_type's rules, stricter: not an object
     is left out too); with `keep`, the bodies parsed (None where not an object), for the body
-    rules (bridge.targets.lane_rules). One loop with its names local: a call a row costs.
-    Without `keep`, the compiled scanner answers the bodies it is sure of without making their
-    objects, and this loop the others (bridge/codecs/bodytype_native.pyx)."""
-    types: list[str | None]
-    if not (keep or parse) and ROOT_TYPES is not None:
-        types, deferred = ROOT_TYPES(texts if isinstance(texts, list) else list(texts), ok)
-        if deferred:
-            again, _ = _body_types([texts[i] for i in deferred], [True] * len(deferred), False, parse=True)
-            for i, t in zip(deferred, again):
-                types[i] = t
-        return types, None
+    rules (bridge.targets.lane_rules). Without `keep`, the compiled scanner answers the bodies it
+    is sure of without making their objects, and orjson the others (bridge/codecs/bodytype_native.pyx)."""
+    if keep or ROOT_TYPES is None:
+        return _parsed_types(texts, ok, keep)
+    types, deferred = ROOT_TYPES(texts if isinstance(texts, list) else list(texts), ok)
+    if deferred:
+        again, _ = _parsed_types([texts[i] for i in deferred], [True] * len(deferred), False)
+        for i, t in zip(deferred, again):
+            types[i] = t
+    return types, None
+
+
+def _parsed_types(texts: Sequence[Any], ok: list[bool], keep: bool) -> tuple[list[str | None], list[Any] | None]:
+    """_body_types by orjson, each body parsed. One loop with its names local: a call a row costs."""
     loads, invalid = orjson.loads, orjson.JSONDecodeError
-    types = []
+    types: list[str | None] = []
     docs: list[Any] | None = [] if keep else None
     for text, good in zip(texts, ok):
         doc = None

@@ -3,22 +3,10 @@ reference was found; these are the edge cases probed, kept as a regression guard
 
 from __future__ import annotations
 
-import orjson
 import pytest
 
 from bridge.codecs.bodytype_native import DEFER, root_types
-
-
-def reference(text: str) -> object:
-    try:
-        doc = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    if type(doc) is not dict:
-        return None
-    value = doc.get("$type")
-    return "" if value is None else value if type(value) is str else None
-
+from tests.codecs.test_bodytype_native import reference
 
 VALUES = ["-", "-0", "0.", ".5", "1.", "00", "-01", "1.5e", "1.5E3", "-0.0", "123456789012345", "1234567890123456",
           "0.00000000000001", "0.000000000000001", "true", "false", "null", "nul", "tru", "truefalse", '"\x7f"',

@@ -3,6 +3,7 @@ of pending handles, with the peak RSS of qbridge's Python processes at each size
 
     python3 bench/scan_scale.py                      # 200k and 2M handles
     python3 bench/scan_scale.py --handles 500000
+    python3 bench/scan_scale.py --drain 50000 200000  # sync --once alone, on a fresh target
 
 OpenJMS handles have no increasing key: every pass walks them. qbridge walks them streamed in
 chunks (passes, verify), and the Spark engine cuts them into slices between sort tuples the
@@ -83,24 +84,29 @@ def main() -> None:
     p.add_argument("--handles", type=int, nargs="+", default=[200_000, 2_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
     p.add_argument("--logs", type=Path, help="keep each command's log here (name-handles.log)")
+    p.add_argument("--drain", action="store_true",
+                   help="run only `sync --once` on a fresh target: a scheduled sync's drain of the whole backlog by passes")
+    p.add_argument("--batch-size", type=int, default=2000)
     args = p.parse_args()
     py = sys.executable
+    commands = [("sync", ["sync", "--once"])] if args.drain else \
+        [("migrate", ["migrate"]), ("sync", ["sync", "--once"]), ("verify", ["verify", "--json"])]
     results: dict[int, dict[str, tuple[float, int]]] = {}
     with tempfile.TemporaryDirectory(prefix="qbridge-scan-") as tmp:
         work = Path(tmp)
         (work / "mapping.toml").write_text(MAPPING)
         cfg = work / "scan.toml"
-        cfg.write_text(CONFIG.format(pg=args.pg, src=SRC, tgt=TGT))
+        cfg.write_text(CONFIG.format(pg=args.pg, src=SRC, tgt=TGT).replace("batch_size = 2000", f"batch_size = {args.batch_size}"))
         for n in args.handles:
             print(f"seeding {n:,} OpenJMS handles ...", flush=True)
             seed(args.pg, n)
             bench.sql(args.pg, f'DROP SCHEMA IF EXISTS "{TGT}" CASCADE', f'CREATE SCHEMA "{TGT}"')
             subprocess.run([py, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
             results[n] = {}
-            for name, cmd in (("migrate", ["migrate"]), ("sync", ["sync", "--once"]), ("verify", ["verify", "--json"])):
+            for name, cmd in commands:
                 seconds, peak, err, cpu = timed([py, "-m", "bridge", *cmd, "-c", str(cfg)], work)
                 results[n][name] = (seconds, peak)
-                rate = f"  {n / seconds:8,.0f} handles/s" if name == "migrate" else ""
+                rate = f"  {n / seconds:8,.0f} handles/s" if name == "migrate" or args.drain else ""
                 print(f"  {name:8} {seconds:7.1f} s  peak RSS {peak / 2**20:6.0f} MiB{rate}", flush=True)
                 # where the time goes (issue 49: the fall from 200k to 2M): CPU by process kind, per handle
                 print(f"           {bench.cpu_line(seconds, cpu)}; "
@@ -116,9 +122,9 @@ def main() -> None:
                 sys.exit("not exactly once")
     if len(results) > 1:
         small, large = min(results), max(results)
-        for name in ("migrate", "sync", "verify"):
+        for name, _ in commands:
             print(f"peak RSS of {name} at {large:,} / at {small:,}: {results[large][name][1] / results[small][name][1]:.2f}; "
-                  f"migrate handles/s at {large:,}: {large / results[large]['migrate'][0]:,.0f}" if name == "migrate" else
+                  f"{name} handles/s at {large:,}: {large / results[large][name][0]:,.0f}" if name == "migrate" or args.drain else
                   f"peak RSS of {name} at {large:,} / at {small:,}: {results[large][name][1] / results[small][name][1]:.2f}")
     bench.sql(args.pg, f'DROP SCHEMA IF EXISTS "{SRC}" CASCADE', f'DROP SCHEMA IF EXISTS "{TGT}" CASCADE')
 

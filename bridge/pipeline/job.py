@@ -113,6 +113,10 @@ class JobSetup:
         # the last committed batch's last key), and where the running pass's batch ends.
         self.walked_to: dict[str, tuple[Any, ...] | None] = {}
         self.walk_ends: dict[str, tuple[Any, ...] | None] = {}
+        # Scan queues walked in no age order: the oldest new keys the drain's last walk found
+        # that no batch has taken yet, and what the running pass leaves of them.
+        self.reserves: dict[str, list[Any]] = {}
+        self.reserve_ends: dict[str, list[Any]] = {}
         # Common-case rows skip the CanonicalMessage when source and target both have a fast lane
         # (Source.plain, Target.plain_envelope); off, every row takes the validated path (tests
         # compare the two).

@@ -21,7 +21,7 @@ from bridge.ledger.totals import FOLD_EVERY
 from bridge.pipeline.batch import Batch
 from bridge.pipeline.job import LedgerConflict
 from bridge.pipeline.logcontext import about
-from bridge.pipeline.stats import SCAN_CHUNK, PassStats, chunked
+from bridge.pipeline.stats import SCAN_CHUNK, SCAN_RESERVE, PassStats, chunked
 from bridge.retry import RETRIES
 from bridge.sources import Source, SourceRow
 from bridge.sources.fetched import joined, keys_of
@@ -216,9 +216,19 @@ class Passes(Batch):
         every new key before that point was in a batch and is in the ledger now, so walking the
         delivered keys again made each pass longer than the last (a drain of n keys read n²/2b of
         them). Once a walk on finds the end, the drain's last pass walks from the first key again
-        (Passes._drain): a key the legacy side put behind the walk meanwhile is not left there."""
+        (Passes._drain): a key the legacy side put behind the walk meanwhile is not left there.
+
+        A walk whose order is not the age (OpenJMS) must read every key to find the oldest: it
+        keeps the SCAN_RESERVE oldest new keys, and the drain's next passes take their batches
+        from them, oldest first, until they run out (a drain of n keys walked n²/2b keys: 25k
+        handles took 10 s; now n²/2r). A drain that took batches so walks every key once more at
+        its end, as one that walked on does."""
         size = self.job.batch_size
-        oldest = Oldest(size)
+        q = source.queue
+        if not source.walks_oldest_first and self.reserves.get(q):
+            batch, self.reserve_ends[q] = self._from_reserve(tconn, source, self.reserves[q], size)
+            return source.fetch_keys(sconn, batch, lock), bool(self.reserve_ends[q]), [], {}
+        oldest = Oldest(size if source.walks_oldest_first else max(size, SCAN_RESERVE))
         leftovers: list[Any] = []
         resumes = source.walks_oldest_first and not lock
         after = self.walked_to.get(source.queue) if resumes else None
@@ -242,10 +252,27 @@ class Passes(Batch):
             if close:
                 close()
         batch = oldest.keys()
-        self.walk_ends[source.queue] = source.sort_of(batch[-1]) if resumes and oldest.more and batch else None
+        self.walk_ends[q] = source.sort_of(batch[-1]) if resumes and oldest.more and batch else None
+        more = oldest.more
+        if not source.walks_oldest_first:
+            batch, self.reserve_ends[q] = batch[:size], batch[size:]
+            more = more or bool(self.reserve_ends[q])
         # Every key in the batch was unknown to the ledger: it needs no second lookup (a racing
         # process is caught by the ledger's primary key, and the pass is retried).
-        return source.fetch_keys(sconn, batch, lock), oldest.more, leftovers, {}
+        return source.fetch_keys(sconn, batch, lock), more, leftovers, {}
+
+    def _from_reserve(self, tconn: sa.Connection, source: Source, reserve: list[Any], size: int
+                      ) -> tuple[list[Any], list[Any]]:
+        """The next batch of a walk's reserve, and what stays: keys the ledger has meanwhile
+        (another process, a pass retried) are dropped; a key since consumed is simply not fetched."""
+        batch: list[Any] = []
+        taken = 0
+        while len(batch) < size and taken < len(reserve):
+            chunk = reserve[taken:taken + size - len(batch)]
+            taken += len(chunk)
+            seen = self.ledger_lookup(tconn, source, chunk)
+            batch += [k for k in chunk if k not in seen]
+        return batch, reserve[taken:]
 
     def drain(self, queue: str, on_pass=None, should_stop=lambda: False, before_pass=lambda: None) -> PassStats:
         """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
@@ -260,6 +287,7 @@ class Passes(Batch):
     def _drain(self, queue: str, on_pass, should_stop, before_pass) -> PassStats:
         total = PassStats(queue)
         self.walked_to.pop(queue, None)  # a drain's first walk, and a retried drain's, starts at the beginning
+        self.reserves.pop(queue, [])
         while True:
             before_pass()
             why = self.may_go()
@@ -271,12 +299,14 @@ class Passes(Batch):
                 return total
             self.size_batch(self.pressure.room())
             self.walk_ends.pop(queue, None)
-            resumed = self.walked_to.get(queue) is not None
+            self.reserve_ends.pop(queue, [])
+            resumed = self.walked_to.get(queue) is not None or bool(self.reserves.get(queue))
             try:
                 stats = self.run_pass(queue)
             finally:
                 self.size_batch(None)
             self.walked_to[queue] = self.walk_ends.pop(queue, None)  # the pass committed
+            self.reserves[queue] = self.reserve_ends.pop(queue, [])
             self.pace.spent(stats.read)
             self.passes_done += 1  # committed: with_backoff's count of progress
             RETRIES.set(0)  # the next batch is a first attempt, though the drain may be a retry (its span says so)
@@ -298,8 +328,12 @@ class Oldest:
         self.size = size
         self.held: list[tuple[Any, Any]] = []
         self.more = False  # more than `size` were added
+        self.younger: Any = None  # once `size` are held: a key this old or younger is not kept
 
     def add(self, age: Any, key: Any) -> None:
+        if self.younger is not None and not age < self.younger:
+            self.more = True
+            return
         self.held.append((age, key))
         if len(self.held) >= 2 * self.size:
             self._cut()
@@ -309,6 +343,8 @@ class Oldest:
         if len(self.held) > self.size:
             del self.held[self.size:]
             self.more = True
+        if len(self.held) == self.size:
+            self.younger = self.held[-1][0]
 
     def full(self) -> bool:
         """More than `size` were added."""

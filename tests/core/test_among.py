@@ -3,6 +3,7 @@ elsewhere and for a value that holds the separator; the same rows either way."""
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -82,3 +83,30 @@ def test_uuids_as_text_on_postgresql(pg_server: str, pg_schema: str) -> None:
 
 def test_uuids_as_text_on_sqlite(tmp_path: Path) -> None:
     _check_uuids(f"sqlite:///{tmp_path}/among.db", None)
+
+
+def test_a_statement_frees_its_values_without_the_cycle_collector(pg_server: str, pg_schema: str) -> None:
+    """A walk makes one such statement a chunk of 10,000 keys (~200 kB of text); a reference cycle
+    around it kept every chunk's text until CPython's rare full collection: verify's peak RSS at 2M
+    handles was 1.30× that at 200k (bench/scan_scale.py)."""
+    engine = sa.create_engine(pg_server)
+    t = sa.Table("among_t", sa.MetaData(), sa.Column("k", sa.String), schema=pg_schema)
+    enabled = gc.isenabled()
+    try:
+        with engine.connect() as conn:
+            t.create(conn)
+            conn.execute(sa.select(t.c.k).where(among(t.c.k, ["warm", "the cache"], "postgresql"))).all()
+            gc.collect()
+            gc.disable()
+            marker = "ID:freed-by-refcount-" + "x" * 1000
+            conn.execute(sa.select(t.c.k).where(among(t.c.k, [marker, "other"], "postgresql"))).all()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            held = [o for o in gc.garbage if isinstance(o, sa.BindParameter) and isinstance(o.value, str) and marker in o.value]
+            assert not held, "the statement's values waited for the cycle collector"
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+        engine.dispose()

@@ -278,7 +278,10 @@ class Passes(Batch):
         """Passes until the queue has no full batch left (or `should_stop` says so); `before_pass`
         runs before each (`qbridge run` checks there that it still holds the job)."""
         with tracing.span("qbridge.drain", job=self.job.name, queue=queue) as s, about(self.job.name, queue):
-            total = self._drain(queue, on_pass, should_stop, before_pass)
+            try:
+                total = self._drain(queue, on_pass, should_stop, before_pass)
+            finally:  # a reserve serves its own drain's passes: a pass outside one walks
+                self.reserves.pop(queue, [])
             tracing.counts(s, total)
             if total.waiting:
                 s.set_attribute("qbridge.waiting", total.waiting)

@@ -117,6 +117,7 @@ class JobSetup:
         # that no batch has taken yet, and what the running pass leaves of them.
         self.reserves: dict[str, list[Any]] = {}
         self.reserve_ends: dict[str, list[Any]] = {}
+        self.backlog_told: set[str] = set()  # queues whose backlog the log has advised migrate for
         # Common-case rows skip the CanonicalMessage when source and target both have a fast lane
         # (Source.plain, Target.plain_envelope); off, every row takes the validated path (tests
         # compare the two).

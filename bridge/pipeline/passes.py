@@ -28,6 +28,8 @@ from bridge.sources.fetched import joined, keys_of
 from bridge.timefmt import utcnow
 
 log = logging.getLogger("qbridge.batch")
+# New keys a walk in no age order finds, above which the drain's log says that migrate is faster.
+BACKLOG_HINT = 100_000
 
 
 class Passes(Batch):
@@ -230,6 +232,7 @@ class Passes(Batch):
             return source.fetch_keys(sconn, batch, lock), bool(self.reserve_ends[q]), [], {}
         oldest = Oldest(size if source.walks_oldest_first else max(size, SCAN_RESERVE))
         leftovers: list[Any] = []
+        new = 0
         resumes = source.walks_oldest_first and not lock
         after = self.walked_to.get(source.queue) if resumes else None
         # After the last batch nearly every key is new: a chunk (and a fetch) of a batch and one
@@ -242,6 +245,7 @@ class Passes(Batch):
                 for k, age in chunk:
                     outcome = seen.get(k)
                     if outcome is None:
+                        new += 1
                         oldest.add(age, k)
                     elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
                         leftovers.append(k)
@@ -257,6 +261,10 @@ class Passes(Batch):
         if not source.walks_oldest_first:
             batch, self.reserve_ends[q] = batch[:size], batch[size:]
             more = more or bool(self.reserve_ends[q])
+            if new > BACKLOG_HINT and q not in self.backlog_told:  # once a process and queue: bounded
+                self.backlog_told.add(q)
+                log.info("job=%s queue=%s %d messages wait; passes walk all of them once each %d they take: "
+                         "`qbridge migrate` moves a backlog this size in one walk", self.job.name, q, new, SCAN_RESERVE)
         # Every key in the batch was unknown to the ledger: it needs no second lookup (a racing
         # process is caught by the ledger's primary key, and the pass is retried).
         return source.fetch_keys(sconn, batch, lock), more, leftovers, {}

@@ -151,3 +151,21 @@ def test_a_move_mode_drain_takes_its_reserve_and_consumes_each_handle(
         assert [k for b in seen["batches"] for k in b] == [key(i) for i in reversed(range(N))]
         assert j.count_rows("message_handles") == 0 and j.count_rows("messages") == 0
         once(j, N)
+
+
+def test_a_large_backlog_is_told_once_with_what_moves_it_faster(jms: Jms, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(passes, "BACKLOG_HINT", 20)
+    fill(jms)
+    runner = jms.runner()
+    with caplog.at_level("INFO", logger="qbridge.batch"):
+        assert runner.drain(QUEUE).delivered == N
+        fill_more = [f"ID:n-{i:02d}" for i in range(25)]
+        for mid in fill_more:
+            jms.queue_message(mid, accepted=BASE)
+        assert runner.drain(QUEUE).delivered == 25
+    told = [r.getMessage() for r in caplog.records if "qbridge migrate" in r.getMessage()]
+    # The first walk found 30 new handles (over 20): told; the second walk's 21 and the next
+    # drain's 25 are not told again by this process.
+    assert told == [f"job=job1 queue=orders 30 messages wait; passes walk all of them once each 9 they take: "
+                    "`qbridge migrate` moves a backlog this size in one walk"]

@@ -3,7 +3,7 @@ of pending handles, with the peak RSS of qbridge's Python processes at each size
 
     python3 bench/scan_scale.py                      # 200k and 2M handles
     python3 bench/scan_scale.py --handles 500000
-    python3 bench/scan_scale.py --drain 50000 200000  # sync --once alone, on a fresh target
+    python3 bench/scan_scale.py --drain --handles 50000 200000  # sync --once alone, on a fresh target
 
 OpenJMS handles have no increasing key: every pass walks them. qbridge walks them streamed in
 chunks (passes, verify), and the Spark engine cuts them into slices between sort tuples the

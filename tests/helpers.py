@@ -255,6 +255,20 @@ def flaky_passes(monkeypatch: Any, every: int = 3, *modules: Any) -> dict[str, i
     return calls
 
 
+def fails_on_call(monkeypatch: Any, owner: Any, name: str, n: int, statement: str = "INSERT") -> None:
+    """The `n`-th call of `owner.name` (a class's method or an object's) raises as a cut connection
+    does in `statement`; the others run as before."""
+    original, calls = getattr(owner, name), {"n": 0}
+
+    def failing(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise sa.exc.OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
+        return original(*a, **k)
+
+    monkeypatch.setattr(owner, name, failing)
+
+
 def endpoint_takes(b: Bridge, n: int, table: str = "Orders") -> list[str]:
     """An endpoint receives (deletes) the first n rows of `table`; returns their message ids."""
     t = sa.table(table, sa.column("seq"), sa.column("headers"), schema=b.target_schema)

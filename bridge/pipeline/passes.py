@@ -298,7 +298,6 @@ class Passes(Batch):
     def _drain(self, queue: str, on_pass, should_stop, before_pass) -> PassStats:
         total = PassStats(queue)
         self.walked_to.pop(queue, None)  # a drain's first walk, and a retried drain's, starts at the beginning
-        self.reserves.pop(queue, [])
         while True:
             before_pass()
             why = self.may_go()

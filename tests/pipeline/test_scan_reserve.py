@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from helpers import fails_on_call
 
 from bridge.pipeline import passes
 from bridge.pipeline.passes import Passes
@@ -119,15 +120,7 @@ def test_a_failed_pass_retries_its_drain_with_a_fresh_walk(jms: Jms, monkeypatch
     fill(jms)
     runner = jms.runner()
     seen = watched(runner.sources[QUEUE])
-    original, calls = Passes._deliver, {"n": 0}
-
-    def fails_second(self: Any, *a: Any, **k: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection unexpectedly"))
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(Passes, "_deliver", fails_second)
+    fails_on_call(monkeypatch, Passes, "_deliver", 2)
     with pytest.raises(sa.exc.OperationalError):
         runner.drain(QUEUE)
     assert jms.ledger() == {"delivered": 3} and seen["walks"] == 1
@@ -167,5 +160,5 @@ def test_a_large_backlog_is_told_once_with_what_moves_it_faster(jms: Jms, monkey
     told = [r.getMessage() for r in caplog.records if "qbridge migrate" in r.getMessage()]
     # The first walk found 30 new handles (over 20): told; the second walk's 21 and the next
     # drain's 25 are not told again by this process.
-    assert told == [f"job=job1 queue=orders 30 messages wait; passes walk all of them once each 9 they take: "
+    assert told == ["job=job1 queue=orders 30 messages wait; passes walk all of them once each 9 they take: "
                     "`qbridge migrate` moves a backlog this size in one walk"]

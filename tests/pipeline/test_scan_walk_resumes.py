@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from helpers import fails_on_call
 
 from bridge.pipeline.passes import Passes
 from tests.systems.test_biztalk_source import SMALL, BizTalk, fx, make_bt
@@ -96,15 +97,7 @@ def test_a_failed_pass_retries_its_drain_from_the_first_key(bt: BizTalk, monkeyp
     publish(bt, 23)
     runner = bt.runner()
     seen = counting_walk(runner.sources[QUEUE])
-    original, calls = Passes._deliver, {"n": 0}
-
-    def fails_third(self: Any, *a: Any, **k: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise sa.exc.OperationalError("INSERT", {}, Exception("server closed the connection unexpectedly"))
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(Passes, "_deliver", fails_third)
+    fails_on_call(monkeypatch, Passes, "_deliver", 3)
     with pytest.raises(sa.exc.OperationalError):
         runner.drain(QUEUE)
     assert bt.ledger() == {"delivered": 10}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
+from helpers import fails_on_call
 
 from bridge.demo.samples import openjms_message
 from bridge.ledger import giveback
@@ -22,7 +22,7 @@ from bridge.model import message_ids
 from bridge.pipeline import passes
 from bridge.pipeline.passes import Oldest
 from bridge.retry import with_backoff
-from tests.pipeline.test_scan_reserve import BASE, N, QUEUE, fill, key, once, watched
+from tests.pipeline.test_scan_reserve import BASE, QUEUE, N, fill, key, once, watched
 from tests.systems.test_openjms_source import SUBSCRIBERS, TOPIC_ID, Jms, blob, make_jms
 
 TOPIC = "prices.eu"
@@ -113,16 +113,7 @@ def test_guard_a_failure_after_the_target_commit_of_a_reserve_pass_move_mode(pgj
     j = pgjms_move
     fill(j)
     runner = j.runner()
-    source = runner.sources[QUEUE]
-    original, calls = source.consume, {"n": 0}
-
-    def fails_second(conn: sa.Connection, keys: Any) -> int:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise sa.exc.OperationalError("DELETE", {}, Exception("server closed the connection unexpectedly"))
-        return original(conn, keys)
-
-    monkeypatch.setattr(source, "consume", fails_second)
+    fails_on_call(monkeypatch, runner.sources[QUEUE], "consume", 2, "DELETE")
     total = with_backoff(lambda: runner.drain(QUEUE), "drain", sleep=lambda s: None)
     assert j.count_rows("message_handles") == 0 and j.count_rows("messages") == 0
     assert total.delivered == N - 6  # the retry's own: the first attempt delivered two batches

@@ -105,6 +105,15 @@ class Source:
         `after` when one is given, `page` rows a fetch (ScanSource)."""
         raise NotImplementedError
 
+    def aged_after(self, conn: sa.Connection, after: Sequence[Any] | None, limit: int) -> list[tuple[Any, tuple[Any, ...]]]:
+        """Scan sources whose walk goes in no age order (`walks_oldest_first` false): at most
+        `limit` keys oldest first after the sort tuple `after`, each with its own sort tuple."""
+        raise NotImplementedError
+
+    def age_sort(self, age: Any, key: Any) -> tuple[Any, ...]:
+        """The sort tuple of `aged_after` of `key`, whose walk gave it `age`."""
+        raise NotImplementedError
+
     def sort_of(self, key: Any) -> tuple[Any, ...] | None:
         """Scan sources: the sort tuple of `key` in the keyset, where the next walk of a drain
         may start (ScanSource); None: every walk starts at the beginning."""

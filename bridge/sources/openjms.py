@@ -170,6 +170,28 @@ class OpenJMSSource(ScanSource):
         for mid, cid, accepted, seq in conn.execute(stmt):
             yield self.key_of(mid, cid), (accepted if accepted is not None else -1, seq if seq is not None else -1)
 
+    def aged_after(self, conn: sa.Connection, after: Sequence[Any] | None, limit: int
+                   ) -> list[tuple[str, tuple[Any, ...]]]:
+        """At most `limit` handles of this destination in delivery order (their age, then the
+        keyset's order for equal ages: the order a walk's `Oldest` keeps), after the sort tuple
+        `after`, each with its own sort tuple. No index OpenJMS ships has this order: the
+        database reads the destination's handles and keeps the first `limit` (a top-N sort, in
+        its own code), which a drain's refill costs instead of a walk through Python."""
+        h = self.t["message_handles"]
+        order = [sa.func.coalesce(h.c.acceptedtime, -1), sa.func.coalesce(h.c.sequencenumber, -1),
+                 h.c.consumerid, h.c.messageid]
+        stmt = sa.select(h.c.messageid, h.c.consumerid, *order[:2]).where(self._here(h))
+        if after is not None:
+            stmt = stmt.where(tuple_after(order, after, conn.dialect.name))
+        stmt = stmt.order_by(*order).limit(limit)
+        return [(self.key_of(mid, cid), (accepted, seq, int(cid), mid)) for mid, cid, accepted, seq in conn.execute(stmt)]
+
+    @staticmethod
+    def age_sort(age: tuple[int, int], key: str) -> tuple[Any, ...]:
+        """The sort tuple of `aged_after` of a key a walk gave with its age."""
+        mid, _, cid = key.rpartition("#")
+        return (*age, int(cid), mid)
+
     def iter_sent(self, conn: sa.Connection) -> Iterator[tuple[str, datetime | None]]:
         """acceptedTime is when the server accepted the message, in epoch milliseconds."""
         for key, (accepted, _) in self.iter_aged(conn):

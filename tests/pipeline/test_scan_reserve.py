@@ -41,9 +41,16 @@ def fill(j: Jms, n: int = N) -> None:
 
 
 def watched(source: Any) -> dict[str, Any]:
-    """Counts the source's walks and the keys they yield, and records each batch fetched."""
-    seen: dict[str, Any] = {"walks": 0, "keys": 0, "batches": []}
-    walk, fetch = source.iter_aged, source.fetch_keys
+    """Counts the source's walks and the keys they yield, its refills by age and the keys they
+    read, and records each batch fetched."""
+    seen: dict[str, Any] = {"walks": 0, "keys": 0, "refills": 0, "refilled": 0, "batches": []}
+    walk, fetch, by_age = source.iter_aged, source.fetch_keys, source.aged_after
+
+    def refilled(conn: sa.Connection, after: Any, limit: int) -> Any:
+        seen["refills"] += 1
+        page = by_age(conn, after, limit)
+        seen["refilled"] += len(page)
+        return page
 
     def counted(conn: sa.Connection, after: Any = None, page: int = 10_000) -> Iterator[Any]:
         seen["walks"] += 1
@@ -55,7 +62,7 @@ def watched(source: Any) -> dict[str, Any]:
         seen["batches"].append(list(keys))
         return fetch(conn, keys, lock)
 
-    source.iter_aged, source.fetch_keys = counted, fetched
+    source.iter_aged, source.fetch_keys, source.aged_after = counted, fetched, refilled
     return seen
 
 
@@ -71,9 +78,12 @@ def test_a_drain_walks_once_a_reserve_not_once_a_pass_and_goes_oldest_first(jms:
     seen = watched(runner.sources[QUEUE])
     assert runner.drain(QUEUE).delivered == N
     once(jms, N)
-    # Ten passes of three; walks at the 1st, 4th, 7th and 10th (the last finds three new keys
-    # and no more): 120 keys read, where a walk each pass read 300.
-    assert seen["walks"] == 4 and seen["keys"] == 4 * N
+    # Ten passes of three and one that finds nothing new. Walks at the 1st (30 new keys: nine
+    # kept) and the 11th; the database refills the reserve in age order at the 4th, 7th and
+    # 10th (9, 9 and the last 3): 81 keys read, where a walk each reserve read 120 and a walk
+    # each pass 300.
+    assert seen["walks"] == 2 and seen["keys"] == 2 * N
+    assert seen["refills"] == 3 and seen["refilled"] == N - 9
     assert [k for b in seen["batches"] for k in b] == [key(i) for i in reversed(range(N))]
     assert runner.drain(QUEUE).delivered == 0
 
@@ -110,7 +120,8 @@ def test_a_key_put_behind_the_walk_comes_in_the_same_drain(jms: Jms) -> None:
             jms.queue_message("ID:m-99", accepted=BASE)
 
     assert runner.drain(QUEUE, on_pass=add_oldest).delivered == N + 1
-    assert seen["batches"][3][0] == "ID:m-99#100"  # the next walk's batch, first
+    # Refills go on after the reserve's last key: the drain's last walk, from the first key, finds it.
+    assert seen["batches"][-1] == ["ID:m-99#100"] and seen["walks"] == 2
     once(jms, N + 1)
 
 
@@ -125,9 +136,9 @@ def test_a_failed_pass_retries_its_drain_with_a_fresh_walk(jms: Jms, monkeypatch
         runner.drain(QUEUE)
     assert jms.ledger() == {"delivered": 3} and seen["walks"] == 1
     assert runner.drain(QUEUE).delivered == N - 3
-    # The retry's own: walks at its 1st, 4th and 7th passes (27 keys new, nine kept each), and
-    # one after the last reserve, which finds no new key.
-    assert seen["walks"] == 1 + 4
+    # The retry's own: a walk at its 1st pass (27 keys new, nine kept), refills at its 4th, 7th
+    # and 10th (9, 9, none), and a walk after them, which finds no new key.
+    assert seen["walks"] == 1 + 2 and seen["refills"] == 3 and seen["refilled"] == 18
     once(jms, N)
 
 
@@ -140,7 +151,7 @@ def test_a_move_mode_drain_takes_its_reserve_and_consumes_each_handle(
         runner = j.runner()
         seen = watched(runner.sources[QUEUE])
         assert runner.drain(QUEUE).delivered == N
-        assert seen["walks"] == 4
+        assert seen["walks"] == 2 and seen["refills"] == 3
         assert [k for b in seen["batches"] for k in b] == [key(i) for i in reversed(range(N))]
         assert j.count_rows("message_handles") == 0 and j.count_rows("messages") == 0
         once(j, N)

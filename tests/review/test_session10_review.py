@@ -140,13 +140,15 @@ def test_guard_a_drain_stopped_or_paused_with_a_reserve_held_then_a_new_drain(pg
     runner = pgjms.runner()
     seen = watched(runner.sources[QUEUE])
     runner.drain(QUEUE, should_stop=lambda: len(seen["batches"]) >= 1)
-    assert QUEUE not in runner.reserves and seen["walks"] == 1
+    assert QUEUE not in runner.reserves and QUEUE not in runner.walked_to and seen["walks"] == 1
     assert pgjms.cli("pause", "--job", "job1", "--why", "review") == 0
     assert runner.drain(QUEUE).waiting is not None and seen["walks"] == 1
     assert pgjms.cli("resume", "--job", "job1") == 0
     pgjms.queue_message("ID:m-98", accepted=BASE)  # older than every handle: the new walk finds it first
     assert runner.drain(QUEUE).delivered == N - 3 + 1
-    assert seen["walks"] == 2 + 4 - 1  # the new drain walked at its first pass, not from the old reserve
+    # The new drain walked at its first pass, not from the old reserve, refilled three times
+    # and walked at its end.
+    assert seen["walks"] == 1 + 2 and seen["refills"] == 3
     assert seen["batches"][1][0] == "ID:m-98#100"
     once(pgjms, N + 1)
 
@@ -154,7 +156,8 @@ def test_guard_a_drain_stopped_or_paused_with_a_reserve_held_then_a_new_drain(pg
 def test_guard_another_process_drains_everything_while_a_reserve_is_held(pgjms: Jms) -> None:
     """Two processes on the job (`sync --once` beside `run`, or one that lost the lock): B drains
     the whole queue after A's first pass. A's next pass finds every reserved key in the ledger,
-    delivers nothing, walks once more, finds nothing and ends; nothing twice."""
+    delivers nothing, refills from after the reserve and finds nothing new, walks once more,
+    finds nothing and ends; nothing twice."""
     fill(pgjms)
     a, b = pgjms.runner(), pgjms.runner()
     seen = watched(a.sources[QUEUE])
@@ -164,7 +167,7 @@ def test_guard_another_process_drains_everything_while_a_reserve_is_held(pgjms: 
             assert b.drain(QUEUE).delivered == N - 3
 
     total = a.drain(QUEUE, on_pass=other)
-    assert total.delivered == 3 and seen["batches"][1:] == [[], []]
+    assert total.delivered == 3 and seen["batches"][1:] == [[], [], []]
     once(pgjms, N)
 
 
@@ -228,7 +231,8 @@ def test_guard_topic_siblings_split_between_batch_and_reserve_move_mode(
 def test_guard_a_move_mode_rollback_while_a_reserve_is_held(pgjms_move: Jms) -> None:
     """After the first pass, `qbridge rollback` withdraws its three messages and gives their
     handles back: the drain goes on from its reserve and its last walk delivers the given-back
-    handles again, once each; every handle consumed."""
+    handles again, once each (the refills go on after the reserve's last key, in age order,
+    and the given-back handles are older); every handle consumed."""
     j = pgjms_move
     fill(j)
     runner = j.runner()
@@ -241,8 +245,8 @@ def test_guard_a_move_mode_rollback_while_a_reserve_is_held(pgjms_move: Jms) -> 
 
     total = runner.drain(QUEUE, on_pass=rollback)
     assert total.delivered == N + 3
-    # the walk after the reserve ran out takes the given-back handles (aged by their JMSTimestamp) first
-    assert sorted(seen["batches"][3]) == sorted([key(29), key(28), key(27)])
+    # the drain's last walk takes the given-back handles (aged by their JMSTimestamp)
+    assert sorted(seen["batches"][-1]) == sorted([key(29), key(28), key(27)])
     assert j.count_rows("message_handles") == 0 and j.count_rows("messages") == 0
     once(j, N)
 

@@ -272,7 +272,7 @@ class Passes(Batch):
             more = more or bool(self.reserve_ends[q])
             if new > BACKLOG_HINT and q not in self.backlog_told:  # once a process and queue: bounded
                 self.backlog_told.add(q)
-                log.info("job=%s queue=%s %d messages wait; passes walk all of them once each %d they take: "
+                log.info("job=%s queue=%s %d messages wait; passes have the database sort all of them once each %d they take: "
                          "`qbridge migrate` moves a backlog this size in one walk", self.job.name, q, new, SCAN_RESERVE)
         # Every key in the batch was unknown to the ledger: it needs no second lookup (a racing
         # process is caught by the ledger's primary key, and the pass is retried).

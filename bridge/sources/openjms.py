@@ -177,14 +177,19 @@ class OpenJMSSource(ScanSource):
         `after`, each with its own sort tuple. No index OpenJMS ships has this order: the
         database reads the destination's handles and keeps the first `limit` (a top-N sort, in
         its own code), which a drain's refill costs instead of a walk through Python."""
+        stmt = self.by_age(after, limit, conn.dialect.name)
+        return [(self.key_of(mid, cid), (accepted, seq, int(cid), mid)) for mid, cid, accepted, seq in conn.execute(stmt)]
+
+    def by_age(self, after: Sequence[Any] | None, limit: int, dialect: str) -> sa.Select:
+        """The statement of `aged_after`."""
         h = self.t["message_handles"]
-        order = [sa.func.coalesce(h.c.acceptedtime, -1), sa.func.coalesce(h.c.sequencenumber, -1),
+        never = sa.literal_column("-1", sa.BigInteger)  # the age a walk gives a NULL time, in the SQL's text
+        order = [sa.func.coalesce(h.c.acceptedtime, never), sa.func.coalesce(h.c.sequencenumber, never),
                  h.c.consumerid, h.c.messageid]
         stmt = sa.select(h.c.messageid, h.c.consumerid, *order[:2]).where(self._here(h))
         if after is not None:
-            stmt = stmt.where(tuple_after(order, after, conn.dialect.name))
-        stmt = stmt.order_by(*order).limit(limit)
-        return [(self.key_of(mid, cid), (accepted, seq, int(cid), mid)) for mid, cid, accepted, seq in conn.execute(stmt)]
+            stmt = stmt.where(tuple_after(order, after, dialect))
+        return stmt.order_by(*order).limit(limit)
 
     @staticmethod
     def age_sort(age: tuple[int, int], key: str) -> tuple[Any, ...]:

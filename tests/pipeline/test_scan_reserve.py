@@ -7,6 +7,7 @@ behind the walk delivered by the same drain, a failed pass's drain walked again 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,5 +172,45 @@ def test_a_large_backlog_is_told_once_with_what_moves_it_faster(jms: Jms, monkey
     told = [r.getMessage() for r in caplog.records if "qbridge migrate" in r.getMessage()]
     # The first walk found 30 new handles (over 20): told; the second walk's 21 and the next
     # drain's 25 are not told again by this process.
-    assert told == ["job=job1 queue=orders 30 messages wait; passes walk all of them once each 9 they take: "
+    assert told == ["job=job1 queue=orders 30 messages wait; passes have the database sort all of them once each 9 they take: "
                     "`qbridge migrate` moves a backlog this size in one walk"]
+
+
+def test_refills_page_every_handle_once_in_the_order_a_walk_keeps(jms: Jms) -> None:
+    """aged_after, page after page, gives every handle once, in the order `Oldest` keeps a walk's
+    keys (age, then the walk's order for equal ages; NULL times first), on each server."""
+    from tests.systems.test_openjms_source import QUEUE_ID
+
+    for i in range(25):
+        accepted = None if i < 3 else BASE + (25 - i) // 4  # NULL times, and ties
+        jms.store(lambda c, t, i=i, a=accepted: c.execute(t["message_handles"].insert().values(
+            messageid=f"ID:a-{i:02d}", destinationid=QUEUE_ID, consumerid=QUEUE_ID * 100, priority=4,
+            acceptedtime=a, sequencenumber=None if i == 7 else i % 2, expirytime=0, delivered=0)))
+    source = jms.runner().sources[QUEUE]
+    with jms.source.connect() as conn:
+        kept = passes.Oldest(25)
+        for k, age in source.iter_aged(conn):
+            kept.add(age, k)
+        expected = kept.keys()
+        pages, after = [], None
+        while page := source.aged_after(conn, after, 4):
+            pages += [k for k, _ in page]
+            after = page[-1][1]
+            assert page[-1][1] == source.age_sort(dict(source.iter_aged(conn))[page[-1][0]], page[-1][0])
+    assert pages == expected and len(set(pages)) == 25
+
+
+def test_the_refill_compiles_for_sql_server() -> None:
+    from sqlalchemy.dialects import mssql
+
+    from bridge.config import JobConfig
+    from bridge.sources.openjms import OpenJMSSource
+
+    job = JobConfig.model_validate({"name": "j", "source": {"system": "openjms", "connection": "c", "queues": [QUEUE]},
+                                    "target": {"connection": "n"}, "mapping": "m.toml"})
+    sql = re.sub(r":\w+_\d+", "?", " ".join(str(OpenJMSSource(job, sa.create_engine("sqlite://"), QUEUE, "db").by_age(
+        (5, 1, 100, "ID:x"), 20_000, "mssql").compile(dialect=mssql.dialect())).split()))
+    assert sql.startswith("SELECT TOP __[POSTCOMPILE_param_1] ")  # TOP n: SQL Server's LIMIT
+    assert sql.endswith("ORDER BY coalesce(message_handles.acceptedtime, -1), coalesce(message_handles.sequencenumber, -1), "
+                        "message_handles.consumerid, message_handles.messageid")
+    assert "AND (coalesce(message_handles.acceptedtime, -1) > ? OR " in sql  # spelled out: no row values

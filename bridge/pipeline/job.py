@@ -110,13 +110,15 @@ class JobSetup:
         self.on_batch: Any = None  # called with each committed batch's stats (qbridge run's metrics)
         self.passes_done = 0  # passes committed by drain: retries start afresh after progress (bridge.retry)
         # Scan queues walked oldest first: where the walk of the drain's next pass starts (after
-        # the last committed batch's last key), and where the running pass's batch ends.
+        # the last committed batch's last key), and where the running pass's batch ends; walked in
+        # no age order: where the drain's next refill starts (after its reserve's last key).
         self.walked_to: dict[str, tuple[Any, ...] | None] = {}
         self.walk_ends: dict[str, tuple[Any, ...] | None] = {}
         # Scan queues walked in no age order: the oldest new keys the drain's last walk found
         # that no batch has taken yet, and what the running pass leaves of them.
         self.reserves: dict[str, list[Any]] = {}
         self.reserve_ends: dict[str, list[Any]] = {}
+        self.refills: dict[str, int] = {}  # reserves a drain refilled since it last walked from the first key
         self.backlog_told: set[str] = set()  # queues whose backlog the log has advised migrate for
         # Common-case rows skip the CanonicalMessage when source and target both have a fast lane
         # (Source.plain, Target.plain_envelope); off, every row takes the validated path (tests

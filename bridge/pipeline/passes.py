@@ -21,7 +21,7 @@ from bridge.ledger.totals import FOLD_EVERY
 from bridge.pipeline.batch import Batch
 from bridge.pipeline.job import LedgerConflict
 from bridge.pipeline.logcontext import about
-from bridge.pipeline.stats import SCAN_CHUNK, SCAN_RESERVE, PassStats, chunked
+from bridge.pipeline.stats import REFILLS_A_WALK, SCAN_CHUNK, SCAN_RESERVE, PassStats, chunked
 from bridge.retry import RETRIES
 from bridge.sources import Source, SourceRow
 from bridge.sources.fetched import joined, keys_of
@@ -225,9 +225,10 @@ class Passes(Batch):
         from them, oldest first, until they run out (a drain of n keys walked n²/2b keys: 25k
         handles took 10 s). Where the walk found more, the reserve is refilled by the database
         in age order after the reserve's last key (`_refill`), not by another walk (n²/2r keys
-        walked: 200k handles took 67 s). A drain that took batches so walks every key once more
-        at its end, as one that walked on does: a key older than a reserve's (committed late,
-        given back) is found there."""
+        walked: 200k handles took 67 s), REFILLS_A_WALK times; then a walk from the first key
+        again, so that a key older than the reserve's (committed late, given back) waits a
+        bounded number of reserves, however fast new keys come. A drain that took batches so
+        walks every key once more at its end, as one that walked on does."""
         size = self.job.batch_size
         q = source.queue
         if not source.walks_oldest_first:
@@ -235,8 +236,10 @@ class Passes(Batch):
             if self.reserves.get(q):
                 batch, self.reserve_ends[q] = self._from_reserve(tconn, source, self.reserves[q], size)
                 return source.fetch_keys(sconn, batch, lock), bool(self.reserve_ends[q]), [], {}
-            if self.walked_to.get(q) is not None:
+            if self.walked_to.get(q) is not None and self.refills.get(q, 0) < REFILLS_A_WALK:
+                self.refills[q] = self.refills.get(q, 0) + 1
                 return self._refill(sconn, tconn, source, lock, size)
+            self.refills.pop(q, None)  # this pass walks from the first key
         oldest = Oldest(size if source.walks_oldest_first else max(size, SCAN_RESERVE))
         leftovers: list[Any] = []
         new = 0
@@ -331,6 +334,7 @@ class Passes(Batch):
             finally:  # a reserve and a walk's place serve their own drain's passes: a pass outside one walks
                 self.reserves.pop(queue, [])
                 self.walked_to.pop(queue, None)
+                self.refills.pop(queue, None)
             tracing.counts(s, total)
             if total.waiting:
                 s.set_attribute("qbridge.waiting", total.waiting)

@@ -17,6 +17,9 @@ SCAN_CHUNK = 10_000  # keys a scan pass (or verify) holds at once
 # each SCAN_RESERVE keys delivered, in place of one each batch: about 5 MB held, twice that
 # while a walk sorts them.
 SCAN_RESERVE = 20_000
+# Reserves a drain refills in age order between two walks from the first key: a handle older than
+# the reserve (committed late, given back) waits at most this many reserves and one, inflow or not.
+REFILLS_A_WALK = 4
 
 
 def chunked(items: Any, size: int = SCAN_CHUNK) -> Any:

@@ -89,6 +89,20 @@ def test_a_drain_walks_once_a_reserve_not_once_a_pass_and_goes_oldest_first(jms:
     assert runner.drain(QUEUE).delivered == 0
 
 
+def test_a_drain_walks_from_the_first_key_again_after_a_few_refills(jms: Jms) -> None:
+    """REFILLS_A_WALK refills, then a walk from the first key (a handle older than the reserve
+    waits a bounded number of reserves); still every handle once, oldest first."""
+    fill(jms, 60)
+    runner = jms.runner()
+    seen = watched(runner.sources[QUEUE])
+    assert runner.drain(QUEUE).delivered == 60
+    # A walk (9 kept of 60), four refills (36), a walk (9 kept of 15), a refill (the last 6),
+    # and the drain's last walk.
+    assert seen["walks"] == 3 and seen["refills"] == 5 and passes.REFILLS_A_WALK == 4
+    assert [k for b in seen["batches"] for k in b] == [f"ID:m-{i:02d}#100" for i in reversed(range(60))]
+    once(jms, 60)
+
+
 def test_keys_taken_or_consumed_meanwhile_are_not_delivered_twice_or_missed(jms: Jms) -> None:
     fill(jms)
     runner = jms.runner()

@@ -1,7 +1,8 @@
 """Review of cbb2a8a/ff70d72 (an OpenJMS drain refills its reserve by the database in age order
 after the reserve's last key: Passes._refill, OpenJMSSource.aged_after/by_age/age_sort, walked_to).
 
-Findings fail while they stand; guards (test_guard_*) pass: interleavings probed and found handled."""
+Findings failed on cbb2a8a and pass since the fix (a walk from the first key after REFILLS_A_WALK
+refills); guards (test_guard_*) pass: interleavings probed and found handled."""
 
 from __future__ import annotations
 
@@ -59,8 +60,9 @@ def test_finding_a_handle_older_than_the_reserve_starves_while_the_backlog_is_fe
 
     runner.drain(QUEUE, on_pass=inflow, should_stop=lambda: len(seen["batches"]) >= 30)
     order = delivered_order(seen)
-    # Before cbb2a8a the walk after the first reserve (pass 4) found it first; now only a walk
-    # from the first key finds it, and the drain walks so only once the refills come up short.
+    # Before cbb2a8a the walk after the first reserve (pass 4) found it first; at cbb2a8a only
+    # the drain's last walk could, which inflow put off for ever; fixed: a walk from the first
+    # key after REFILLS_A_WALK refills (pass 16 here).
     assert "ID:late#100" in order, f"30 passes, {len(order)} handles delivered, walks {seen['walks']}: the oldest is not among them"
 
 

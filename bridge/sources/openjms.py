@@ -10,7 +10,6 @@ which handles are new (`cursor = "scan"`): a late commit is simply seen on a lat
 from __future__ import annotations
 
 import base64
-import struct
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
@@ -27,52 +26,8 @@ from bridge.model import CanonicalMessage, PlainMessage
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
 from bridge.sources import openjms_giveback, plain_lane
 from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows, tuple_after
+from bridge.sources.openjms_values import CONTENT_TYPES, DEFAULT_TYPES, epoch_ms, json_value, property_text
 from bridge.timefmt import UTC, utcnow
-
-DEFAULT_TYPES = {"Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage"}
-CONTENT_TYPES = {
-    "TextMessage": "text/plain; charset=utf-8",
-    "BytesMessage": "application/octet-stream",
-    "ObjectMessage": "application/x-java-serialized-object",
-    "MapMessage": "application/json; jms-body=map",
-    "StreamMessage": "application/json; jms-body=stream",
-}
-
-
-def epoch_ms(value: int, what: str = "timestamp") -> datetime:
-    """Java's milliseconds since 1970 as UTC; a value no calendar holds makes the row a BadRow."""
-    try:
-        return datetime.fromtimestamp(value / 1000, UTC)
-    except (ValueError, OverflowError, OSError):
-        raise BadRow(f"{what} {value} ms since 1970 is outside the years 1-9999") from None
-
-
-def property_text(prop: dict[str, Any]) -> str:
-    """A JMS property value as header text that reads back to the same Java value."""
-    kind = prop["type"]
-    value: Any = prop.get("value")  # its Python type follows `kind`
-    if kind is None:
-        return ""
-    if kind == "byte[]":
-        return prop["base64"]
-    if kind == "java.lang.Boolean":
-        return "true" if value else "false"
-    if kind == "java.lang.Float":
-        return _float32(value)
-    return str(value)
-
-
-def _float32(value: float) -> str:
-    packed = struct.pack(">f", value)
-    for digits in range(1, 10):  # the shortest text that is the same float, as Java prints it
-        text = f"{value:.{digits}g}"
-        if struct.pack(">f", float(text)) == packed:
-            return text
-    return repr(value)
-
-
-def _json_value(prop: dict[str, Any]) -> Any:
-    return prop["base64"] if prop["type"] == "byte[]" else prop.get("value")
 
 
 class OpenJMSSource(ScanSource):
@@ -393,10 +348,10 @@ class OpenJMSSource(ScanSource):
             return (b["text"] or "").encode("utf-8", "surrogatepass"), CONTENT_TYPES[kind]
         if "map" in b:
             headers[f"{self.prefix}BodyTypes"] = orjson.dumps({k: v["type"] for k, v in b["map"].items()}).decode()
-            return orjson.dumps({k: _json_value(v) for k, v in b["map"].items()}), CONTENT_TYPES[kind]
+            return orjson.dumps({k: json_value(v) for k, v in b["map"].items()}), CONTENT_TYPES[kind]
         if "values" in b:
             headers[f"{self.prefix}BodyTypes"] = orjson.dumps([v["type"] for v in b["values"]]).decode()
-            return orjson.dumps([_json_value(v) for v in b["values"]]), CONTENT_TYPES[kind]
+            return orjson.dumps([json_value(v) for v in b["values"]]), CONTENT_TYPES[kind]
         if "base64" in b:
             return base64.b64decode(b["base64"]), CONTENT_TYPES[kind]
         return b"", None

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from helpers import fails_on_call
 
 from bridge.pipeline import passes
+from bridge.pipeline.oldest import Oldest
 from bridge.pipeline.passes import Passes
 from tests.systems.test_openjms_source import Jms, make_jms
 
@@ -202,7 +203,7 @@ def test_refills_page_every_handle_once_in_the_order_a_walk_keeps(jms: Jms) -> N
             acceptedtime=a, sequencenumber=None if i == 7 else i % 2, expirytime=0, delivered=0)))
     source = jms.runner().sources[QUEUE]
     with jms.source.connect() as conn:
-        kept = passes.Oldest(25)
+        kept = Oldest(25)
         for k, age in source.iter_aged(conn):
             kept.add(age, k)
         expected = kept.keys()

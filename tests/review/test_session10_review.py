@@ -20,7 +20,7 @@ from bridge.ledger import giveback
 from bridge.ledger.state import LedgerEntry, Quarantined
 from bridge.model import message_ids
 from bridge.pipeline import passes
-from bridge.pipeline.passes import Oldest
+from bridge.pipeline.oldest import Oldest
 from bridge.retry import with_backoff
 from tests.pipeline.test_scan_reserve import BASE, QUEUE, N, fill, key, once, watched
 from tests.systems.test_openjms_source import SUBSCRIBERS, TOPIC_ID, Jms, blob, make_jms

@@ -1,0 +1,57 @@
+"""OpenJMS values as NServiceBus sees them: JMS property values as header text and JSON, Java's
+epoch milliseconds as times, and the content type of each JMS message type."""
+
+from __future__ import annotations
+
+import struct
+from datetime import datetime
+from typing import Any
+
+from bridge.errors import BadRow
+from bridge.timefmt import UTC
+
+DEFAULT_TYPES = {"Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "ObjectMessage"}
+CONTENT_TYPES = {
+    "TextMessage": "text/plain; charset=utf-8",
+    "BytesMessage": "application/octet-stream",
+    "ObjectMessage": "application/x-java-serialized-object",
+    "MapMessage": "application/json; jms-body=map",
+    "StreamMessage": "application/json; jms-body=stream",
+}
+
+
+def epoch_ms(value: int, what: str = "timestamp") -> datetime:
+    """Java's milliseconds since 1970 as UTC; a value no calendar holds makes the row a BadRow."""
+    try:
+        return datetime.fromtimestamp(value / 1000, UTC)
+    except (ValueError, OverflowError, OSError):
+        raise BadRow(f"{what} {value} ms since 1970 is outside the years 1-9999") from None
+
+
+def property_text(prop: dict[str, Any]) -> str:
+    """A JMS property value as header text that reads back to the same Java value."""
+    kind = prop["type"]
+    value: Any = prop.get("value")  # its Python type follows `kind`
+    if kind is None:
+        return ""
+    if kind == "byte[]":
+        return prop["base64"]
+    if kind == "java.lang.Boolean":
+        return "true" if value else "false"
+    if kind == "java.lang.Float":
+        return _float32(value)
+    return str(value)
+
+
+def _float32(value: float) -> str:
+    packed = struct.pack(">f", value)
+    for digits in range(1, 10):  # the shortest text that is the same float, as Java prints it
+        text = f"{value:.{digits}g}"
+        if struct.pack(">f", float(text)) == packed:
+            return text
+    return repr(value)
+
+
+def json_value(prop: dict[str, Any]) -> Any:
+    """A JMS property value as a JSON value (a byte array as its base64 text)."""
+    return prop["base64"] if prop["type"] == "byte[]" else prop.get("value")

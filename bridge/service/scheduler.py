@@ -378,6 +378,7 @@ def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title
     hup = hup if hup is not None else threading.Event()  # set already: a SIGHUP while starting up
     if config_path is not None and hasattr(signal, "SIGHUP"):
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: hup.set())
+    told = False
     try:
         scheduler.start()
         while not wake.wait(1.0):
@@ -386,13 +387,22 @@ def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title
                 hup.clear()
                 log.info("SIGHUP received: reloading %s", config_path)
                 scheduler.reload(str(config_path), job)
-            if scheduler.all_stopped():
+            if not scheduler.all_stopped():
+                told = False
+            elif server is None:
                 log.error("every job has stopped on an error; exiting")
                 scheduler.stop()
                 return 1
+            elif not told:
+                # A listener goes on saying it: exited, the process took the stopped state with it
+                # before a scrape could see it (QBridgeJobStopped never fired on a one-job config).
+                told = True
+                log.error("every job has stopped on an error; /metrics and the status page say so until a "
+                          "fixed config is reloaded (SIGHUP) or the process is stopped (then exit 1)")
+        stopped = scheduler.all_stopped()
         scheduler.stop()
         log.info("stopped cleanly")
-        return 0
+        return 1 if stopped else 0
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

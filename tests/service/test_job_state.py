@@ -64,10 +64,17 @@ def test_a_job_stopped_on_a_missing_target_table_is_stopped_everywhere(make, cap
         assert b.cli("status", "--json") == 0  # another process: the books say it
         [job] = json.loads(capsys.readouterr().out)["jobs"]
         assert job["state"] == "stopped" and "does not exist" in job["state_reason"], job
+        # With every job stopped, a process with a listener stays up so that a scrape sees it
+        # (it exited within a second, which no scrape interval catches: a CI run under load lost
+        # the race between this test's reads and that exit).
+        time.sleep(2.5)
+        assert proc.poll() is None
         lock_held = _scrape(f"http://127.0.0.1:{port}/metrics")["qbridge_job_lock_held"][0].value
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err  # its job stopped on an error
+    assert err.count(b"every job has stopped on an error") == 1, err  # said once, not each second
     assert lock_held == 0  # released when it stopped
     _rules_say(stopped=[0, 1], lock_held=[1, 0])
 

@@ -16,16 +16,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.cron import CronTrigger
-from apscheduler.triggers.interval import IntervalTrigger
 
 from bridge import tracing
-from bridge.config import JobConfig
 from bridge.db import is_retryable, waiting_cannot_fix
 from bridge.errors import BridgeError, SetupError
 from bridge.ledger import job_state
@@ -33,37 +29,13 @@ from bridge.ledger.joblock import IDENTITY, JobLock, LockLost
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner
 from bridge.service.reload_diff import changes
-from bridge.timefmt import parse_duration
+from bridge.service.schedules import describe, readiness_allowance, trigger_for
 
 log = logging.getLogger("qbridge.run")
 
-DEFAULT_EVERY = "10s"  # a job without a schedule in `qbridge run`
 MAX_BACKOFF = 60.0
 HEALTH_STALL = 15.0  # seconds the main loop may go without a turn before /healthz says so
 PRUNE_LIMIT = 10_000  # ledger entries looked at per queue per pruning round of `qbridge run`
-
-
-def trigger_for(job: JobConfig) -> BaseTrigger:
-    schedule = job.schedule
-    if schedule is not None and schedule.cron is not None:
-        return CronTrigger.from_crontab(schedule.cron, timezone=UTC)
-    every = schedule.every if schedule is not None and schedule.every else DEFAULT_EVERY
-    return IntervalTrigger(seconds=parse_duration(every), timezone=UTC)
-
-
-def readiness_allowance(job: JobConfig) -> float:
-    """How long after its last successful run a job still counts as ready: three of its
-    schedule's intervals (a cron's first two fire times apart), a minute at least."""
-    trigger = trigger_for(job)
-    if isinstance(trigger, IntervalTrigger):
-        interval = trigger.interval.total_seconds()
-    else:
-        first = trigger.get_next_fire_time(None, datetime.now(UTC))
-        second = trigger.get_next_fire_time(first, first) if first else None
-        if second == first and first is not None:
-            second = trigger.get_next_fire_time(first, first + timedelta(seconds=1))
-        interval = (second - first).total_seconds() if first and second else 3600.0
-    return max(60.0, 3 * interval)
 
 
 class JobWorker:
@@ -272,7 +244,7 @@ class Scheduler:
             self.scheduler.add_job(w.tick, trigger_for(w.runner.job), id=w.name, name=w.name, next_run_time=now)
         self.scheduler.start()
         for w in self.workers:
-            log.info("job=%s scheduled (%s)", w.name, _describe(w.runner.job))
+            log.info("job=%s scheduled (%s)", w.name, describe(w.runner.job))
 
     def stop(self) -> None:
         """Lets running ticks finish the batch in flight and commit, then releases the locks."""
@@ -327,7 +299,7 @@ class Scheduler:
             # Against the newest config, which may still wait to be taken (two reloads before a batch).
             if built[w.name].job.schedule != latest.job.schedule:
                 self.scheduler.reschedule_job(w.name, trigger=trigger_for(built[w.name].job))
-                log.info("job=%s rescheduled (%s)", w.name, _describe(built[w.name].job))
+                log.info("job=%s rescheduled (%s)", w.name, describe(built[w.name].job))
                 w.allowance = readiness_allowance(built[w.name].job)
             if w.stopped_reason:  # it ticks no more: it takes the new config now, and runs again
                 w.offer(None)
@@ -337,12 +309,6 @@ class Scheduler:
             log.info("job=%s config reloaded: %s", w.name,
                      f"{'; '.join(changed)} (applies from its next batch)" if changed else "nothing changed")
         return True
-
-
-def _describe(job: JobConfig) -> str:
-    if job.schedule and job.schedule.cron:
-        return f"cron {job.schedule.cron} UTC"
-    return f"every {job.schedule.every if job.schedule and job.schedule.every else DEFAULT_EVERY}"
 
 
 def run_until_stopped(runners: list[JobRunner], listen: str | None = None, title: str = "qbridge run",

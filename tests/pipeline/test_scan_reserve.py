@@ -68,6 +68,11 @@ def watched(source: Any) -> dict[str, Any]:
     return seen
 
 
+def delivered_order(seen: dict[str, Any]) -> list[str]:
+    """Every key `watched` saw fetched, batch after batch."""
+    return [k for b in seen["batches"] for k in b]
+
+
 def once(j: Jms, n: int) -> None:
     ids = j.message_ids("Orders")
     assert len(ids) == n and set(ids.values()) == {1}, ids

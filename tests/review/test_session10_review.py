@@ -8,7 +8,6 @@ behind that the old drain would have delivered)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +21,13 @@ from bridge.model import message_ids
 from bridge.pipeline import passes
 from bridge.pipeline.oldest import Oldest
 from bridge.retry import with_backoff
-from tests.pipeline.test_scan_reserve import BASE, QUEUE, N, fill, key, once, watched
+from tests.pipeline.test_scan_reserve import BASE, QUEUE, N, delivered_order, fill, key, once, watched
 from tests.systems.test_openjms_source import SUBSCRIBERS, TOPIC_ID, Jms, blob, make_jms
 
 TOPIC = "prices.eu"
 
 
-@pytest.fixture
-def pgjms(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[Jms]:
-    monkeypatch.setattr(passes, "SCAN_RESERVE", 9)  # a walk keeps three batches of three
-    yield from make_jms("postgres", request, tmp_path, pg_server, pg_schema, batch_size=3, queues=[QUEUE])
 
-
-@pytest.fixture
-def pgjms_move(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str,
-               monkeypatch: pytest.MonkeyPatch) -> Iterator[Jms]:
-    monkeypatch.setattr(passes, "SCAN_RESERVE", 9)
-    yield from make_jms("postgres", request, tmp_path, pg_server, pg_schema, mode="move", batch_size=3, queues=[QUEUE])
-
-
-def delivered_order(seen: dict[str, Any]) -> list[str]:
-    return [k for b in seen["batches"] for k in b]
 
 
 # == finding ======================================================================================

@@ -9,32 +9,15 @@ below are guards: they pass."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import fails_on_call
 
-from bridge.pipeline import passes
 from bridge.pipeline.stats import REFILLS_A_WALK
 from bridge.retry import with_backoff
 from tests.pipeline.test_scan_reserve import BASE, QUEUE, fill, once, watched
-from tests.systems.test_openjms_source import Jms, make_jms
-
-
-@pytest.fixture(params=["postgres", "mariadb"])
-def anyjms(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str,
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[Jms]:
-    monkeypatch.setattr(passes, "SCAN_RESERVE", 9)  # a walk keeps three batches of three
-    yield from make_jms(request.param, request, tmp_path, pg_server, pg_schema, batch_size=3, queues=[QUEUE])
-
-
-@pytest.fixture
-def pgjms(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[Jms]:
-    monkeypatch.setattr(passes, "SCAN_RESERVE", 9)
-    yield from make_jms("postgres", request, tmp_path, pg_server, pg_schema, batch_size=3, queues=[QUEUE])
+from tests.systems.test_openjms_source import Jms
 
 
 class Kinds:

@@ -6,41 +6,14 @@ refills); guards (test_guard_*) pass: interleavings probed and found handled."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.pipeline import passes
-from tests.pipeline.test_scan_reserve import BASE, QUEUE, N, fill, once, watched
+from tests.pipeline.test_scan_reserve import BASE, QUEUE, N, delivered_order, fill, once, watched
 from tests.systems.test_openjms_source import Jms, make_jms
-
-
-@pytest.fixture
-def pgjms(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[Jms]:
-    monkeypatch.setattr(passes, "SCAN_RESERVE", 9)  # a walk keeps three batches of three
-    yield from make_jms("postgres", request, tmp_path, pg_server, pg_schema, batch_size=3, queues=[QUEUE])
-
-
-@pytest.fixture(params=["postgres", "mariadb"])
-def anyjms(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str,
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[Jms]:
-    monkeypatch.setattr(passes, "SCAN_RESERVE", 9)
-    yield from make_jms(request.param, request, tmp_path, pg_server, pg_schema, batch_size=3, queues=[QUEUE])
-
-
-@pytest.fixture
-def pgjms_move(request: pytest.FixtureRequest, tmp_path: Path, pg_server: str, pg_schema: str,
-               monkeypatch: pytest.MonkeyPatch) -> Iterator[Jms]:
-    monkeypatch.setattr(passes, "SCAN_RESERVE", 9)
-    yield from make_jms("postgres", request, tmp_path, pg_server, pg_schema, mode="move", batch_size=3, queues=[QUEUE])
-
-
-def delivered_order(seen: dict[str, Any]) -> list[str]:
-    return [k for b in seen["batches"] for k in b]
-
 
 # == findings =====================================================================================
 

@@ -233,8 +233,8 @@ class Passes(Batch):
         size = self.job.batch_size
         q = source.queue
         if not source.walks_oldest_first:
-            self.walk_ends[q] = self.walked_to.get(q)  # where the next refill starts, until one moves it
             if self.reserves.get(q):
+                self.walk_ends[q] = self.walked_to.get(q)  # where the next refill starts, until one moves it
                 batch, self.reserve_ends[q] = self._from_reserve(tconn, source, self.reserves[q], size)
                 return source.fetch_keys(sconn, batch, lock), bool(self.reserve_ends[q]), [], {}
             if self.walked_to.get(q) is not None and self.refills.get(q, 0) < REFILLS_A_WALK:
@@ -252,14 +252,9 @@ class Passes(Batch):
         walk = source.iter_aged(sconn) if after is None else source.iter_aged(sconn, after, step)
         try:
             for chunk in chunked(walk, step):
-                seen = self.ledger_lookup(tconn, source, [k for k, _ in chunk])
-                for k, age in chunk:
-                    outcome = seen.get(k)
-                    if outcome is None:
-                        new += 1
-                        oldest.add(age, k)
-                    elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
-                        leftovers.append(k)
+                for k, age in self._unknown(tconn, source, chunk, lock, leftovers):
+                    new += 1
+                    oldest.add(age, k)
                 if oldest.full() and resumes:
                     break  # the rest is younger than this batch
         finally:
@@ -296,15 +291,11 @@ class Passes(Batch):
         while len(found) < want:
             asked = want - len(found)
             page = source.aged_after(sconn, after, asked)
-            for chunk in chunked(iter(page), SCAN_CHUNK):
-                seen = self.ledger_lookup(tconn, source, [k for k, _ in chunk])
-                for k, sort in chunk:
-                    outcome = seen.get(k)
-                    if outcome is None:
-                        found.append(k)
-                        end = sort
-                    elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
-                        leftovers.append(k)
+            for chunk in chunked(page, SCAN_CHUNK):
+                fresh = self._unknown(tconn, source, chunk, lock, leftovers)
+                found += [k for k, _ in fresh]
+                if fresh:
+                    end = fresh[-1][1]
             if len(page) < asked:
                 end = None  # the end of the handles: nothing after the last is left to refill from
                 break
@@ -312,6 +303,21 @@ class Passes(Batch):
         self.walk_ends[q] = end
         batch, self.reserve_ends[q] = found[:size], found[size:]
         return source.fetch_keys(sconn, batch, lock), bool(self.reserve_ends[q]) or end is not None, leftovers, {}
+
+    def _unknown(self, tconn: sa.Connection, source: Source, chunk: list[tuple[Any, Any]], lock: bool,
+                 leftovers: list[Any]) -> list[tuple[Any, Any]]:
+        """The (key, its age or sort) pairs of a walk's or a refill's `chunk` the ledger does not
+        hold. In move mode a key it holds as delivered or skipped is still there to consume: it
+        goes to `leftovers` (SCAN_CHUNK of them at most)."""
+        seen = self.ledger_lookup(tconn, source, [k for k, _ in chunk])
+        fresh = []
+        for k, x in chunk:
+            outcome = seen.get(k)
+            if outcome is None:
+                fresh.append((k, x))
+            elif lock and outcome in ("delivered", "skipped") and len(leftovers) < SCAN_CHUNK:
+                leftovers.append(k)
+        return fresh
 
     def _from_reserve(self, tconn: sa.Connection, source: Source, reserve: list[Any], size: int
                       ) -> tuple[list[Any], list[Any]]:

@@ -63,21 +63,37 @@ def execute(sc: Any, units: Sequence[Any], work: Callable[[Any], Any], console: 
             shown.update("units done", len(units) if "results" in box else completed(tracker, group), len(units))
             shown.update("rows of the units done (about)", rows.value, planned)
     except KeyboardInterrupt:
+        deadline = time.monotonic() + CANCEL_WAIT
         sc.cancelJobGroup(group)
         worker.join(CANCEL_WAIT)  # the tasks stop at their next batch; what committed stays committed
+        # The job ends at its cancellation, its tasks a little later. The caller then stops the
+        # context; a task ending after that has its report refused, and Spark logs each refusal
+        # as a stack trace on the operator's screen. So the tasks are waited for too.
+        while running(tracker, group) and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise
     if "error" in box:
         raise box["error"]
     return list(box["results"])
 
 
+def running(tracker: Any, group: str) -> int:
+    """Tasks of the group's jobs still running (a cancelled job's among them, until they end)."""
+    return sum(stage.numActiveTasks for stage in _stages(tracker, group))
+
+
 def completed(tracker: Any, group: str) -> int:
     """Tasks (units) of the group's jobs that have finished."""
-    done = 0
+    return sum(stage.numCompletedTasks for stage in _stages(tracker, group))
+
+
+def _stages(tracker: Any, group: str) -> list[Any]:
+    """What Spark's status tracker knows of the stages of the group's jobs."""
+    stages = []
     for job_id in tracker.getJobIdsForGroup(group):
         info = tracker.getJobInfo(job_id)
         for stage_id in info.stageIds if info else ():
             stage = tracker.getStageInfo(stage_id)
             if stage:
-                done += stage.numCompletedTasks
-    return done
+                stages.append(stage)
+    return stages

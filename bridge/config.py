@@ -257,12 +257,9 @@ class ConfigFile(BaseModel):
             if job.source.system == "nginn" and job.source.timezone is None:
                 problems.append(f"jobs[{i}].source.timezone: required for nginn (NGinn stores server-local times); give the legacy server's IANA zone, e.g. \"Europe/Warsaw\"")
             problems.extend(_direction_problems(i, job))
-            if job.batch_size > MSSQL_BATCH_MAX:
-                on_mssql = [side for side, conn in (("source", job.source.connection), ("target", job.target.connection))
-                            if _backend(self.connections.get(conn, "")) == "mssql"]
-                if on_mssql:
-                    problems.append(f"jobs[{i}].batch_size: {job.batch_size} is more than SQL Server takes in one statement "
-                                    f"(the {on_mssql[0]} is SQL Server); at most {MSSQL_BATCH_MAX}")
+            if job.batch_size > MSSQL_BATCH_MAX and (on_mssql := mssql_side(self.connections, job)):
+                problems.append(f"jobs[{i}].batch_size: {job.batch_size} is more than SQL Server takes in one statement "
+                                f"(the {on_mssql} is SQL Server); at most {MSSQL_BATCH_MAX}")
         for name, url in self.connections.items():
             try:
                 make_url(url)
@@ -272,6 +269,14 @@ class ConfigFile(BaseModel):
 
 
 MSSQL_BATCH_MAX = 2000
+
+
+def mssql_side(connections: dict[str, str], job: JobConfig) -> str | None:
+    """"source" or "target" where that side of `job` is SQL Server (the source first), else None."""
+    for side, conn in (("source", job.source.connection), ("target", job.target.connection)):
+        if _backend(connections.get(conn, "")) == "mssql":
+            return side
+    return None
 
 
 def _backend(url: str) -> str | None:

@@ -7,7 +7,8 @@ import sys
 
 from rich.console import Console
 
-from bridge.config import Config, load_config
+from bridge.config import MSSQL_BATCH_MAX, Config, JobConfig, load_config, mssql_side
+from bridge.errors import UsageError
 from bridge.pipeline.loop import JobRunner
 
 # No markup: what qbridge prints holds TOML section names and legacy values ("add one to [routes]"),
@@ -21,6 +22,22 @@ def runners_of(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:
     from bridge.pipeline import gc_policy
 
     config = load_config(args.config)
+    if getattr(args, "batch_size", None) is not None:
+        config.jobs = with_batch_size(config, args.batch_size)
     runners = [JobRunner(config, job) for job in config.select(getattr(args, "job", None))]
     gc_policy.for_batches()
     return config, runners
+
+
+def with_batch_size(config: Config, size: int) -> list[JobConfig]:
+    """The config's jobs with `--batch-size` in place of their batch_size, for this command only,
+    under the limits a config's own batch_size has."""
+    top = JobConfig.model_fields["batch_size"].metadata
+    most = min(m.le for m in top if hasattr(m, "le"))
+    if not 1 <= size <= most:
+        raise UsageError(f"--batch-size {size}: give 1 to {most:,} rows a transaction")
+    for job in config.jobs:
+        if size > MSSQL_BATCH_MAX and (side := mssql_side(config.connections, job)):
+            raise UsageError(f"--batch-size {size}: job {job.name!r}'s {side} is SQL Server, which takes at most "
+                             f"{MSSQL_BATCH_MAX:,} rows in one statement; give {MSSQL_BATCH_MAX:,} or fewer")
+    return [job.model_copy(update={"batch_size": size}) for job in config.jobs]

@@ -6,6 +6,7 @@ on a store seeded anew for each; prints both rates and their ratio. Issue 49's g
 
     python3 bench/biztalk_sync.py               # 20,000 messages
     python3 bench/biztalk_sync.py --messages 100000 --only compiled
+    python3 bench/biztalk_sync.py --messages 100000 --only compiled --batch-size 10000   # a backlog's drain
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=["pure-Python", "compiled"], help="run these readers only")
     p.add_argument("--vacuum", action="store_true", help="VACUUM the store after seeding it: its pages read once, as a "
                    "running MessageBox's are, where a store just written makes the first reader set every row's hint bits")
+    p.add_argument("--batch-size", type=int, help="`sync --once --batch-size B`: rows a pass for the run (the job's "
+                   "config says 1,000, a scheduled sync's default)")
     args = p.parse_args()
+    sized = ["--batch-size", str(args.batch_size)] if args.batch_size else []
     engine = sa.create_engine(args.pg)
     rates = {}
     for label in args.only or ["pure-Python", "compiled"]:
@@ -86,7 +90,7 @@ def main() -> None:
             cfg = work / "bt.toml"
             cfg.write_text(CONFIG.format(pg=args.pg, host=HOST, src=SRC, tgt=TGT))
             subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], check=True, capture_output=True)
-            seconds, _, _, cpu = bench.timed([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(cfg)], work)
+            seconds, _, _, cpu = bench.timed([sys.executable, "-m", "bridge", "sync", "--once", "-c", str(cfg), *sized], work)
         with engine.connect() as conn:
             got = conn.execute(sa.text(f'SELECT count(*) FROM {TGT}."Orders"')).scalar_one()
         rates[label] = args.messages / seconds

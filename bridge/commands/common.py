@@ -22,22 +22,25 @@ def runners_of(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:
     from bridge.pipeline import gc_policy
 
     config = load_config(args.config)
+    selected = config.select(getattr(args, "job", None))
     if getattr(args, "batch_size", None) is not None:
-        config.jobs = with_batch_size(config, args.batch_size)
-    runners = [JobRunner(config, job) for job in config.select(getattr(args, "job", None))]
+        config.jobs = with_batch_size(config, args.batch_size, {job.name for job in selected})
+        selected = config.select(getattr(args, "job", None))
+    runners = [JobRunner(config, job) for job in selected]
     gc_policy.for_batches()
     return config, runners
 
 
-def with_batch_size(config: Config, size: int) -> list[JobConfig]:
-    """The config's jobs with `--batch-size` in place of their batch_size, for this command only,
-    under the limits a config's own batch_size has."""
+def with_batch_size(config: Config, size: int, names: set[str]) -> list[JobConfig]:
+    """The config's jobs, those named `names` (the command's) with `--batch-size` in place of their
+    batch_size, for this command only, under the limits a config's own batch_size has."""
     top = JobConfig.model_fields["batch_size"].metadata
     most = min(m.le for m in top if hasattr(m, "le"))
     if not 1 <= size <= most:
         raise UsageError(f"--batch-size {size}: give 1 to {most:,} rows a transaction")
     for job in config.jobs:
-        if size > MSSQL_BATCH_MAX and (side := mssql_side(config.connections, job)):
+        if job.name in names and size > MSSQL_BATCH_MAX and (side := mssql_side(config.connections, job)):
             raise UsageError(f"--batch-size {size}: job {job.name!r}'s {side} is SQL Server, which takes at most "
-                             f"{MSSQL_BATCH_MAX:,} rows in one statement; give {MSSQL_BATCH_MAX:,} or fewer")
-    return [job.model_copy(update={"batch_size": size}) for job in config.jobs]
+                             f"{MSSQL_BATCH_MAX:,} rows in one statement; give {MSSQL_BATCH_MAX:,} or fewer"
+                             + ("" if len(names) == 1 else " (or run the other jobs with --job)"))
+    return [job.model_copy(update={"batch_size": size}) if job.name in names else job for job in config.jobs]

@@ -22,11 +22,9 @@ def runners_of(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:
     from bridge.pipeline import gc_policy
 
     config = load_config(args.config)
-    selected = config.select(getattr(args, "job", None))
     if getattr(args, "batch_size", None) is not None:
-        config.jobs = with_batch_size(config, args.batch_size, {job.name for job in selected})
-        selected = config.select(getattr(args, "job", None))
-    runners = [JobRunner(config, job) for job in selected]
+        config.jobs = with_batch_size(config, args.batch_size, {job.name for job in config.select(args.job)})
+    runners = [JobRunner(config, job) for job in config.select(getattr(args, "job", None))]
     gc_policy.for_batches()
     return config, runners
 
@@ -34,8 +32,8 @@ def runners_of(args: argparse.Namespace) -> tuple[Config, list[JobRunner]]:
 def with_batch_size(config: Config, size: int, names: set[str]) -> list[JobConfig]:
     """The config's jobs, those named `names` (the command's) with `--batch-size` in place of their
     batch_size, for this command only, under the limits a config's own batch_size has."""
-    top = JobConfig.model_fields["batch_size"].metadata
-    most = min(m.le for m in top if hasattr(m, "le"))
+    limits = JobConfig.model_fields["batch_size"].metadata  # the config's own bounds: one place says them
+    most = min(m.le for m in limits if hasattr(m, "le"))
     if not 1 <= size <= most:
         raise UsageError(f"--batch-size {size}: give 1 to {most:,} rows a transaction")
     for job in config.jobs:

@@ -38,7 +38,7 @@ class Batch(Protocol):
     fast_lane: bool
     columnar: bool
     mapping: Mapping
-    lane_min_rows: int
+    lane_min_rows: int | None
 
 
 @dataclass
@@ -79,7 +79,8 @@ def lane(runner: Batch, source: Source, rows: Sequence[SourceRow], keys: Sequenc
     take = [i for i, k in enumerate(keys) if k not in known]
     # A key twice in one batch (a reverse job's message sent twice) is settled row by row, where
     # the second copy finds the first's outcome.
-    if len(take) < runner.lane_min_rows or len({keys[i] for i in take}) != len(take):
+    least = source.lane_min_rows if runner.lane_min_rows is None else runner.lane_min_rows
+    if len(take) < least or len({keys[i] for i in take}) != len(take):
         return None
     collecting = gc.isenabled()
     try:

@@ -125,9 +125,9 @@ class JobSetup:
         # compare the two).
         self.fast_lane = True
         self.columnar = True  # the columnar lane (pipeline/columnar.py), where source and target have it
-        # Below this many new rows a batch takes the per-row lanes: the columns' fixed cost (a few
-        # hundred microseconds a batch) is more than what they save on so few rows.
-        self.lane_min_rows = 64
+        # Below this many new rows a batch takes the per-row lanes; None: the source's own
+        # (Source.lane_min_rows, measured), a number: that one (tests set 1 to force the lane).
+        self.lane_min_rows: int | None = None
         self.pace = Pace(None)
         self.set_rate(job.rate_per_second)
         limits = {}

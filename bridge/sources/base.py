@@ -54,6 +54,10 @@ class Source:
     # Whether the columnar lane keeps the bodies it parsed, for rules that change or read them
     # (Mapping.rewrites_bodies; set with the mapping by the runner).
     keep_bodies: bool = False
+    # Below this many new rows a batch takes the per-row lanes: the columnar lane's fixed cost a
+    # batch (its Arrow calls, the target's templates, a write a table) is more than it saves on
+    # so few rows. Measured for each source by bench/lane_threshold.py.
+    lane_min_rows: ClassVar[int] = 64
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         self.job = job

@@ -281,6 +281,9 @@ class BizTalkSource(ScanSource):
                 headers, body, extra)
 
     plain_columns = plain_lane.decoded_columns
+    # The decoded lane saves only a row's envelope and write (each row is still decoded alone):
+    # below this many rows its fixed cost is more (bench/lane_threshold.py, 2026-11-28).
+    lane_min_rows: ClassVar[int] = 1536
 
     def context(self, blob: bytes) -> ContextFields:
         """An imgContext bag's headers and picked values (codecs.biztalk.context_fields), its

@@ -75,6 +75,9 @@ class NGinnSource(Source):
     translated_headers: ClassVar[frozenset[str]] = codec.TRANSLATED
     time_columns: ClassVar[frozenset[str]] = frozenset({"insert_time", "retry_time", "last_processed"})
     identity_fields: ClassVar[frozenset[str]] = frozenset({"id", "unique_id"})
+    # Below this many rows the columnar lane's fixed cost a batch (~8 ms of Arrow calls and
+    # templates) is more than it saves (bench/lane_threshold.py, 2026-11-28).
+    lane_min_rows: ClassVar[int] = 384
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)

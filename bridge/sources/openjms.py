@@ -289,6 +289,9 @@ class OpenJMSSource(ScanSource):
                             reply_to, correlation_id, types, content_type, sent, None, headers, body, None, priority)
 
     plain_columns = plain_lane.decoded_columns
+    # The decoded lane saves only a row's envelope and write (each row is still decoded alone):
+    # below this many rows its fixed cost is more (bench/lane_threshold.py, 2026-11-28).
+    lane_min_rows: ClassVar[int] = 768
 
     def _fields(self, row: SourceRow, jms: JmsMessage) -> tuple:
         """What `decode` and `plain` both make of a handle and its message, in the order of

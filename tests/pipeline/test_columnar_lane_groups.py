@@ -21,6 +21,7 @@ from bridge.codecs.openjms_blob import JmsMessage
 from bridge.codecs.openjms_encode import encode
 from bridge.demo.samples import openjms_message
 from bridge.pipeline.stats import PassStats
+from bridge.sources.openjms import OpenJMSSource
 from bridge.targets.writer import LaneBatch
 from tests.pipeline.test_columnar_lane_decoded import jms_rows, lanes
 from tests.systems.test_biztalk_source import SMALL, make_bt
@@ -151,14 +152,16 @@ def test_a_property_name_that_spells_a_marker_is_written_as_it_is(tmp_path: Path
 
 
 def test_sync_once_writes_requests_and_replies_of_one_queue_with_their_own_correlation_ids(tmp_path: Path) -> None:
-    """End to end, at the default lane_min_rows (64): a pass over 70 new handles, every 7th one a
-    request without JMSCorrelationID, the rest replies correlated to it. Each delivered row must
-    carry its own correlation id (or, without one, its MessageId), as the per-row lane writes it."""
+    """End to end, at the source's own lane_min_rows: a pass over a few more new handles than it,
+    every 7th one a request without JMSCorrelationID, the rest replies correlated to it. Each
+    delivered row must carry its own correlation id (or, without one, its MessageId), as the
+    per-row lane writes it."""
+    n = OpenJMSSource.lane_min_rows + 6
     j = _jms_store(tmp_path)
-    _store(j, [_jms(i, None if i % 7 == 0 else f"corr-{i}") for i in range(70)])
+    _store(j, [_jms(i, None if i % 7 == 0 else f"corr-{i}") for i in range(n)])
     assert j.cli("sync", "--once") == 0
     rows = j.rows("Orders")
-    assert len(rows) == 70
+    assert len(rows) == n
     wrong = []
     for r in rows:
         h = r["headers"]
@@ -166,4 +169,4 @@ def test_sync_once_writes_requests_and_replies_of_one_queue_with_their_own_corre
         expected = h["NServiceBus.MessageId"] if i % 7 == 0 else f"corr-{i}"
         if h["NServiceBus.CorrelationId"] != expected:
             wrong.append((i, h["NServiceBus.CorrelationId"], expected))
-    assert not wrong, f"{len(wrong)} of 70 rows with another CorrelationId, e.g. {wrong[:3]}"
+    assert not wrong, f"{len(wrong)} of {n} rows with another CorrelationId, e.g. {wrong[:3]}"

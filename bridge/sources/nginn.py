@@ -26,10 +26,8 @@ CONSUMABLE = ("I", "R", "F")
 PLAIN_STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}  # rows the fast lane takes (NGinnSource.plain)
 _TEXT_OR_NULL = (str, type(None))
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
-COLUMNS = (
-    "id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count",
-    "retry_time", "error_info", "correlation_id", "label", "msg_text", "msg_headers", "unique_id",
-)
+COLUMNS = ("id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count", "retry_time",
+           "error_info", "correlation_id", "label", "msg_text", "msg_headers", "unique_id")
 
 
 def queue_table(name: str, schema: str | None = None, metadata: sa.MetaData | None = None) -> sa.Table:
@@ -75,9 +73,7 @@ class NGinnSource(Source):
     translated_headers: ClassVar[frozenset[str]] = codec.TRANSLATED
     time_columns: ClassVar[frozenset[str]] = frozenset({"insert_time", "retry_time", "last_processed"})
     identity_fields: ClassVar[frozenset[str]] = frozenset({"id", "unique_id"})
-    # Below this many rows the columnar lane's fixed cost a batch (~8 ms of Arrow calls and
-    # templates) is more than it saves (bench/lane_threshold.py, 2026-11-28).
-    lane_min_rows: ClassVar[int] = 384
+    lane_min_rows: ClassVar[int] = 384  # below it the lane's fixed cost is more than it saves (bench/lane_threshold.py)
 
     def __init__(self, job: JobConfig, engine: sa.Engine, queue: str, database: str) -> None:
         super().__init__(job, engine, queue, database)

@@ -33,6 +33,7 @@ def test_a_batch_whose_bodies_come_chunked_is_written_by_the_per_row_lanes(tmp_p
         return dataclasses.replace(cols, bodies=pa.chunked_array([bodies.slice(0, 1), bodies.slice(1)]))
 
     monkeypatch.setattr(BizTalkSource, "plain_columns", in_chunks)
+    monkeypatch.setattr(BizTalkSource, "lane_min_rows", 64)  # its own threshold is more than 70 rows
     for bt in make_bt(kind, request, tmp_path):
         for i in range(70):  # enough for the lane; two contexts: two groups
             bt.publish(context=fx("ctx_receive.bin" if i % 2 else "real_ctx_1.bin"), parts=[SMALL])

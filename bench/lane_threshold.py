@@ -3,6 +3,7 @@ by the per-row lanes, side by side, on NGinn rows, OpenJMS handles and BizTalk m
 
     python3 bench/lane_threshold.py                       # sizes 16 .. 2048, 5 rounds
     python3 bench/lane_threshold.py --sizes 64 256 1024 --repeat 9 --systems nginn
+    python3 bench/lane_threshold.py --drain 200 --rows 30000   # a sync's drain by 200-row NGinn passes
 
 The columnar lane (bridge.pipeline.columnar) has a fixed cost a batch (its Arrow calls, the
 target's templates, one write a table) and saves a share of every row's cost; the per-row lanes
@@ -129,6 +130,44 @@ def measure(cfg: Path, fetch: Any, sizes: list[int], repeat: int) -> dict[int, t
     return out
 
 
+def drain(url: str, work: Path, batch: int, rows: int, repeat: int) -> None:
+    """A drain (sync --once's passes) of `rows` NGinn rows by `batch`-row passes on a fresh target
+    each time, with the lane from 64 new rows on (every source's threshold before 93d50cc) and
+    with NGinn's own, alternately; best of `repeat`."""
+    from bridge.config import load_config
+    from bridge.pipeline.loop import JobRunner
+
+    migrate.seed_queue(url, rows)
+    (work / "mapping.toml").write_text(migrate.MAPPING)
+    migrate.BATCH[0] = batch
+    best: dict[int | None, tuple[float, float]] = {}
+    for _ in range(repeat):
+        for least in (64, None):
+            migrate.fresh_target(url, work, migrate.TGT)
+            config = load_config(work / f"{migrate.TGT}.toml")
+            runner = JobRunner(config, config.jobs[0])
+            runner.check()
+            runner.lane_min_rows = least
+            started, cpu = time.perf_counter(), time.process_time()
+            moved = runner.drain(next(iter(runner.sources))).read
+            took = (time.perf_counter() - started, time.process_time() - cpu)
+            if moved != rows:
+                sys.exit(f"drained {moved} of {rows} rows")
+            best[least] = min(best.get(least, took), took)
+            runner.source_engine.dispose()
+            runner.target_engine.dispose()
+    for least, (wall, cpu) in best.items():
+        label = "from 64 rows" if least else f"from NGinn's own {_nginn_least()} rows"
+        print(f"  lane {label}: {wall:.2f} s, {rows / wall:,.0f} rows/s, {cpu:.2f} CPU-s")
+    print(f"own threshold / from 64 (rows/s): {best[64][0] / best[None][0]:.2f}")
+
+
+def _nginn_least() -> int:
+    from bridge.sources.nginn import NGinnSource
+
+    return NGinnSource.lane_min_rows
+
+
 def crossover(results: dict[int, tuple[float, float]]) -> int | None:
     """The smallest size from which the columnar lane is faster at it and every larger size."""
     found = None
@@ -146,7 +185,15 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=5, metavar="R", help="rounds a size (best of R)")
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", migrate.PG))
+    p.add_argument("--drain", type=int, metavar="B", help="instead: a drain of --rows NGinn rows by B-row passes, "
+                   "with the lane from 64 rows on and from NGinn's own threshold")
+    p.add_argument("--rows", type=int, default=30_000, help="rows of --drain's queue (default %(default)s)")
     args = p.parse_args()
+    if args.drain:
+        with tempfile.TemporaryDirectory(prefix="qbridge-lane-") as tmp:
+            drain(args.pg, Path(tmp), args.drain, args.rows, args.repeat)
+        migrate.sql(args.pg, *(f'DROP SCHEMA IF EXISTS "{s}" CASCADE' for s in (migrate.SRC, migrate.TGT)))
+        return
     from bridge.sources import source_class
 
     with tempfile.TemporaryDirectory(prefix="qbridge-lane-") as tmp:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge import tracing
+from bridge.sources.nginn import NGinnSource
 from helpers import Bridge
 from receivers import OtlpReceiver, sync_exporting, without_otel
 from tests.systems.test_reverse_nginn import TwoWay  # noqa: F401 - the two_way fixture's class
@@ -133,9 +134,10 @@ def _batch_spans(spans) -> dict[int, object]:
     return {s.context.span_id: s for s in spans.get_finished_spans() if s.name == "qbridge.batch"}
 
 
-def test_each_message_carries_the_traceparent_of_the_batch_that_wrote_it(tmp_path: Path, spans) -> None:
+def test_each_message_carries_the_traceparent_of_the_batch_that_wrote_it(tmp_path: Path, spans, monkeypatch) -> None:
     """Both lanes: a batch of 100 rows (the columnar lane's) and batches of 5 (the per-row
     lanes'); a legacy message with a traceparent of its own keeps it."""
+    monkeypatch.setattr(NGinnSource, "lane_min_rows", 64)  # NGinn's own threshold is more than 100 rows
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=200,
                extra="trace_messages = true\n")
     assert b.cli("init") == 0

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from bridge import tracing
+from bridge.sources.nginn import NGinnSource
 from helpers import Bridge
 from tests.service.test_tracing import BAD, GOOD, dotnet_parses, spans  # noqa: F401 - spans: a pytest fixture
 from tests.systems.test_reverse_biztalk import ToBizTalk, bts  # noqa: F401 - bts: a pytest fixture
@@ -31,10 +32,11 @@ def _raw_headers(b: Bridge, table: str) -> list[str]:
         return [h for (h,) in conn.execute(sa.text(f'select headers from "{table}"'))]
 
 
-def test_only_a_legacy_traceparent_nservicebus_can_parse_is_kept(tmp_path: Path, spans) -> None:  # noqa: F811
+def test_only_a_legacy_traceparent_nservicebus_can_parse_is_kept(tmp_path: Path, spans, monkeypatch) -> None:  # noqa: F811
     """Both lanes (a batch of 100 rows is the columnar lane's, batches of 5 the per-row lanes'):
     with trace_messages on, a message's own valid traceparent is kept (its sender's trace goes
     on); one NServiceBus could not parse is replaced by the batch's, never passed through."""
+    monkeypatch.setattr(NGinnSource, "lane_min_rows", 64)  # NGinn's own threshold is more than 100 rows
     b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db", batch_size=200,
                extra="trace_messages = true\n")
     assert b.cli("init") == 0

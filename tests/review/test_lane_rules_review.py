@@ -137,11 +137,14 @@ def test_finding_replace_over_a_time_copied_by_a_template_writes_the_stand_in(tm
 
 @pytest.mark.postgres
 def test_finding_verify_deep_flags_what_the_lane_wrote_for_a_time_replace(tmp_path: Path, pg_server: str,
-                                                                          pg_schema: str) -> None:
+                                                                          pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """FINDING 1, end to end on PostgreSQL. Reproduce: 100 ready NGinn rows, the mapping's
     `replace` over NServiceBus.TimeSent, `qbridge sync --once` (the lane takes batches of 64+
     rows), then `qbridge verify --deep`. The lane wrote "0001" where the source row makes "2026":
     every message mismatches (verify's envelope is the per-row one)."""
+    from bridge.sources.nginn import NGinnSource
+
+    monkeypatch.setattr(NGinnSource, "lane_min_rows", 64)  # these 100 rows: under NGinn's own threshold
     import sqlalchemy as sa
 
     with sa.create_engine(pg_server).begin() as conn:

@@ -134,7 +134,7 @@ def test_guard_row_id_bytes_layout_order_and_no_carry() -> None:
 def test_guard_copied_ids_read_back_as_the_packed_uuids(make) -> None:
     """On PostgreSQL the lane's COPY BINARY writes the packed ids: the server reads each as a v7
     uuid of now (byte order right), all distinct, growing in the order the rows were written."""
-    b = make(batch_size=200)
+    b = make(batch_size=400)  # NGinn's lane takes batches from 384 rows on
     b.insert(b.ready(450))
     assert b.cli("sync", "--once") == 0
     with b.target.connect() as conn:

@@ -218,6 +218,8 @@ def test_a_whole_sync_without_an_exporter_never_loads_opentelemetry(tmp_path: Pa
     assert b.cli("init") == 0
     b.insert(b.ready(120))
     code = ("import sys\nfrom bridge.commands.main import main\n"
+            # 120 rows: the lane as it was taken before each source had its own threshold
+            "from bridge.sources.nginn import NGinnSource\nNGinnSource.lane_min_rows = 64\n"
             f"rc = main(['sync', '--once', '-c', {str(b.config)!r}])\n"
             "assert rc == 0, rc\n"
             "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"

@@ -50,6 +50,16 @@ def nginn(url: str, work: Path, most: int) -> tuple[Path, Any]:
     return work / f"{migrate.TGT}.toml", lambda source, conn, n: source.fetch_after(conn, 0, n, False)
 
 
+def _init(cfg: Path, work: Path) -> None:
+    subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
+
+
+def _scan_rows(source: Any, conn: Any, n: int) -> Any:
+    """A scan source's first `n` rows in its walk's order (OpenJMS, BizTalk)."""
+    keys = [k for k, _ in itertools.islice(source.iter_aged(conn), n)]
+    return source.fetch_keys(conn, keys, False)
+
+
 def openjms(url: str, work: Path, most: int) -> tuple[Path, Any]:
     print(f"seeding {most:,} OpenJMS handles ...", flush=True)
     scan.seed(url, most)
@@ -57,13 +67,8 @@ def openjms(url: str, work: Path, most: int) -> tuple[Path, Any]:
     cfg = work / "scan.toml"
     cfg.write_text(scan.CONFIG.format(pg=url, src=scan.SRC, tgt=scan.TGT))
     migrate.sql(url, f'DROP SCHEMA IF EXISTS "{scan.TGT}" CASCADE', f'CREATE SCHEMA "{scan.TGT}"')
-    subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
-
-    def rows(source: Any, conn: Any, n: int) -> Any:
-        keys = [k for k, _ in itertools.islice(source.iter_aged(conn), n)]
-        return source.fetch_keys(conn, keys, False)
-
-    return cfg, rows
+    _init(cfg, work)
+    return cfg, _scan_rows
 
 
 def biztalk_store(url: str, work: Path, most: int) -> tuple[Path, Any]:
@@ -76,13 +81,8 @@ def biztalk_store(url: str, work: Path, most: int) -> tuple[Path, Any]:
     (work / "mapping.toml").write_text('[routes]\n"*" = "Orders"\n')
     cfg = work / "bt.toml"
     cfg.write_text(biztalk.CONFIG.format(pg=url, host=biztalk.HOST, src=biztalk.SRC, tgt=biztalk.TGT))
-    subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
-
-    def rows(source: Any, conn: Any, n: int) -> Any:
-        keys = [k for k, _ in itertools.islice(source.iter_aged(conn), n)]
-        return source.fetch_keys(conn, keys, False)
-
-    return cfg, rows
+    _init(cfg, work)
+    return cfg, _scan_rows
 
 
 SYSTEMS = {"nginn": nginn, "openjms": openjms, "biztalk": biztalk_store}
@@ -101,29 +101,29 @@ def measure(cfg: Path, fetch: Any, sizes: list[int], repeat: int) -> dict[int, t
     queue = next(iter(runner.sources))
     source = runner.sources[queue]
     out: dict[int, tuple[float, float]] = {}
+
+    def deliver(rows: Any) -> float:
+        with runner.target_engine.connect() as tconn:
+            tx = tconn.begin()
+            started = time.perf_counter()
+            stats = PassStats(queue)
+            runner._deliver(tconn, source, rows, False, stats, None)
+            took = time.perf_counter() - started
+            tx.rollback()
+        if stats.delivered + stats.skipped != len(rows):
+            sys.exit(f"{len(rows)} rows: {stats.delivered} delivered and {stats.skipped} skipped")
+        return took
+
     for n in sizes:
         with runner.source_engine.connect() as sconn:
             rows = fetch(source, sconn, n)
-
-        def deliver() -> float:
-            with runner.target_engine.connect() as tconn:
-                tx = tconn.begin()
-                started = time.perf_counter()
-                stats = PassStats(queue)
-                runner._deliver(tconn, source, rows, False, stats, None)
-                took = time.perf_counter() - started
-                tx.rollback()
-            if stats.delivered + stats.skipped != len(rows):
-                sys.exit(f"{n} rows: {stats.delivered} delivered and {stats.skipped} skipped")
-            return took
-
         best = {True: float("inf"), False: float("inf")}
         reps = max(2, 1500 // n)  # a few hundred milliseconds a round and lane
         for _ in range(repeat):
             for columnar in (True, False):
                 runner.columnar = columnar
-                deliver()  # warm
-                best[columnar] = min(best[columnar], min(deliver() for _ in range(reps)))
+                deliver(rows)  # warm
+                best[columnar] = min(best[columnar], min(deliver(rows) for _ in range(reps)))
         out[n] = (best[True], best[False])
         print(f"  {n:6,} rows: columnar {best[True] * 1e3:7.2f} ms, per-row {best[False] * 1e3:7.2f} ms, "
               f"per-row/columnar {best[False] / best[True]:.2f}", flush=True)

@@ -247,7 +247,6 @@ def test_guard_a_refused_row_of_a_fetched_batch_is_quarantined_and_not_consumed(
     rows[33] = nginn_row("MQueue1", 34, now, headers="Tenant=poison")
     ids = b.insert(rows)
     runner = b.runner()
-    runner.lane_min_rows = 1  # 100 rows: fewer than NGinn's own threshold
     write = runner.target.write
     seen = {"lane": 0}
 

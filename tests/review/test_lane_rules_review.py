@@ -142,10 +142,11 @@ def test_finding_verify_deep_flags_what_the_lane_wrote_for_a_time_replace(tmp_pa
     `replace` over NServiceBus.TimeSent, `qbridge sync --once` (the lane takes batches of 64+
     rows), then `qbridge verify --deep`. The lane wrote "0001" where the source row makes "2026":
     every message mismatches (verify's envelope is the per-row one)."""
+    import sqlalchemy as sa
+
     from bridge.sources.nginn import NGinnSource
 
     monkeypatch.setattr(NGinnSource, "lane_min_rows", 64)  # these 100 rows: under NGinn's own threshold
-    import sqlalchemy as sa
 
     with sa.create_engine(pg_server).begin() as conn:
         conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE'))

@@ -46,6 +46,7 @@ class Batch(JobSetup):
         counted = replace(stats)
         outs, entries, quarantined, consume = self._settle(tconn, source, rows, lock, stats, known)
         stats.t_map += time.perf_counter() - mapped
+        self.read_ahead.writing(source.queue)
         try:
             try:
                 with tconn.begin_nested():

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bridge.ledger.state import LedgerEntry
 from bridge.mapping import Mapping
 from bridge.model import message_ids
+from bridge.pipeline.read_ahead import NOT_MADE, ReadAhead
 from bridge.sources import Source, SourceRow
-from bridge.sources.fetched import consumable_of, keys_of
+from bridge.sources.fetched import consumable_of, keys_of, ledger_keys
 from bridge.targets.base import Target
 from bridge.targets.writer import LaneBatch
 
@@ -39,6 +40,7 @@ class Batch(Protocol):
     columnar: bool
     mapping: Mapping
     lane_min_rows: int | None
+    read_ahead: ReadAhead
 
 
 @dataclass
@@ -88,8 +90,11 @@ def lane(runner: Batch, source: Source, rows: Sequence[SourceRow], keys: Sequenc
         # acyclic dicts, which the cyclic collector would walk again and again (a third of
         # the time of a parse). None of it can form a cycle; the batch is collected after.
         gc.disable()
-        cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
-                                                            [keys[i] for i in take]))
+        # Made with the rows by a read-ahead, while the last pass committed, when the lane takes every row.
+        cols = runner.read_ahead.columns(source.queue, rows) if len(take) == len(rows) else NOT_MADE
+        if cols is NOT_MADE:
+            cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
+                                                                [keys[i] for i in take]))
         done = None if cols is None else runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
     except Exception:  # a row the lane misjudged must not stop the queue: the per-row lanes settle it
         reported = runner.__dict__.setdefault("_lane_failures", set())
@@ -122,6 +127,25 @@ def lane(runner: Batch, source: Source, rows: Sequence[SourceRow], keys: Sequenc
     n_delivered = sum(len(i) for i in delivered)
     oldest = pc.min(cols.sent.take(np.concatenate(delivered))).as_py() if n_delivered else None
     return Lane(taken, entries, consume, done.tables, n_delivered, sum(len(i) for i, _ in done.skipped), oldest)
+
+
+def ahead_columns(runner: Batch, source: Source, rows: Sequence[SourceRow]) -> Any:
+    """The lane's source columns of every row of a batch read ahead (pipeline/read_ahead.py), made
+    as `lane` makes them when the ledger knows none of the rows; NOT_MADE where it would take none."""
+    if not takes_columns(runner, source):
+        return NOT_MADE
+    least = source.lane_min_rows if runner.lane_min_rows is None else runner.lane_min_rows
+    keys = ledger_keys(source, rows)
+    if len(keys) < least or len(set(keys)) != len(keys):
+        return NOT_MADE
+    _one_thread()
+    collecting = gc.isenabled()
+    try:
+        gc.disable()  # as in `lane`; the lane's own batch is not running (it ends before its write)
+        return source.plain_columns(rows, range(len(rows)), message_ids(source.system, runner.database, source.queue, keys))
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _one_thread() -> None:

@@ -24,6 +24,7 @@ from bridge.ledger.state import State
 from bridge.ledger.steering import Steering
 from bridge.ledger.upgrade import require_current
 from bridge.model import message_id_for, message_ids, queue_origin
+from bridge.pipeline.read_ahead import ReadAhead
 from bridge.pipeline.stats import PassStats
 from bridge.pipeline.steer import Pace, Pressure, rate_batch
 from bridge.schemas.nservicebus import transport_tables
@@ -129,6 +130,7 @@ class JobSetup:
         # (Source.lane_min_rows, measured), a number: that one (tests set 1 to force the lane).
         self.lane_min_rows: int | None = None
         self.pace = Pace(None)
+        self.read_ahead = ReadAhead(self.source_engine)  # a drain's next batch, read while a pass commits
         self.set_rate(job.rate_per_second)
         limits = {}
         if isinstance(self.target, NServiceBusTarget):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +20,7 @@ from bridge.ledger.gaps import Gap, expire, fill, holes
 from bridge.ledger.state import merge_pending, pending_key
 from bridge.ledger.totals import FOLD_EVERY
 from bridge.pipeline.batch import Batch
+from bridge.pipeline.columnar import ahead_columns
 from bridge.pipeline.job import LedgerConflict
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.oldest import Oldest
@@ -78,7 +80,13 @@ class Passes(Batch):
                 rows, consume, known = source.fetch_after(sconn, None, job.batch_size, True), [], None
                 stats.more = len(rows) >= job.batch_size
             else:
-                new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
+                # Copy mode: the rows a read-ahead read while the last pass committed, when they
+                # are the ones this pass would read (pipeline/read_ahead.py).
+                new = None if lock else self.read_ahead.take(source.queue, cp.high, job.batch_size)
+                if new is None:
+                    new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
+                if not lock and len(new) >= job.batch_size:
+                    self.read_ahead.start(source, keys_of(new)[-1], job.batch_size, partial(ahead_columns, self, source))
                 # Every gap is read before any is given up: a row that committed inside the
                 # window but after the last pass looked (an outage, a sparse schedule, a long
                 # migration) is found on the pass that would otherwise drop its gap.
@@ -337,8 +345,11 @@ class Passes(Batch):
         runs before each (`qbridge run` checks there that it still holds the job)."""
         with tracing.span("qbridge.drain", job=self.job.name, queue=queue) as s, about(self.job.name, queue):
             try:
+                self.read_ahead.draining.add(queue)
                 total = self._drain(queue, on_pass, should_stop, before_pass)
             finally:  # a reserve and a walk's place serve their own drain's passes: a pass outside one walks
+                self.read_ahead.draining.discard(queue)
+                self.read_ahead.drop(queue)
                 self.reserves.pop(queue, [])
                 self.walked_to.pop(queue, None)
                 self.refills.pop(queue, None)

@@ -1,0 +1,130 @@
+"""The next batch of a draining queue, read while this pass's target write commits (issue 49).
+
+A pass is serial: the database works (the read, the COPY, the commit) while Python waits, then
+Python works while the database waits. On a monotonic queue in copy mode the next pass's read is
+known as soon as this pass has read its batch: the rows after its last key. A read-ahead makes
+that read on a connection of its own, in a thread, and the next pass takes it in place of its own
+read when its checkpoint (read under its lock) still ends at that key and its batch size is the
+same; anything else and the pass reads as before.
+
+Why that read is the pass's own: copy mode reads with no lock, each statement in a snapshot of its
+own (READ COMMITTED), so the read-ahead is the statement the pass would make, made a moment
+earlier. A row that commits after it, below the batch's last key, is a gap the next pass reads as a
+late row, as one that commits just after the pass's own read is. Move mode (whose read holds its
+rows locked in the pass's source transaction) and SQLite (one writer, and a read-only copy-mode
+source gains nothing there) never read ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from bridge.sources import Source
+
+log = logging.getLogger("qbridge.batch")
+NOT_MADE = object()  # no columns were made ahead for these rows
+
+
+@dataclass
+class Ahead:
+    """One read-ahead: rows after `after`, at most `limit`, once `done` is set."""
+
+    after: int
+    limit: int
+    done: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)  # the pass is writing: make the columns now
+    rows: Any = None
+    columns: Any = NOT_MADE  # the columnar lane's source columns of every row, made ahead too
+    error: BaseException | None = None
+
+
+class ReadAhead:
+    """The read-aheads of one runner, one a queue at most."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.on = engine.dialect.name != "sqlite"
+        self._ahead: dict[str, Ahead] = {}
+        self.draining: set[str] = set()  # queues a drain is passing over: only its next pass takes a read-ahead
+        self._columns: dict[str, tuple[Any, Any]] = {}  # a taken read-ahead's (rows, columns made ahead)
+        self.taken = 0  # read-aheads a pass took, and batches whose lane took columns made ahead (tests count them)
+        self.columns_taken = 0
+
+    def start(self, source: Source, after: int, limit: int, columns: Callable[[Any], Any] | None = None) -> None:
+        """Reads `source`'s next `limit` rows after `after` in a thread, when a drain passes over
+        its queue (one a queue: an earlier one not taken is dropped); `columns(rows)`, when given,
+        makes the lane's source columns of them there too (NOT_MADE where it makes none)."""
+        if not self.on or source.queue not in self.draining:
+            return
+        self._stop(source.queue)
+        ahead = Ahead(after, limit)
+        self._ahead[source.queue] = ahead
+
+        def read() -> None:
+            try:
+                with self.engine.connect() as conn, conn.begin():
+                    ahead.rows = source.fetch_after(conn, after, limit, False)
+                if columns is not None:
+                    # Made while the pass's write waits on the database, not beside its own lane
+                    # (both are Python's work: side by side they only take turns).
+                    ahead.go.wait()
+                    try:
+                        ahead.columns = columns(ahead.rows)
+                    except Exception:  # noqa: BLE001 - the lane makes them again, and says what went wrong
+                        ahead.columns = NOT_MADE
+            except BaseException as e:  # noqa: BLE001 - the pass reads again itself, and meets the error there
+                ahead.error = e
+            finally:
+                ahead.done.set()
+
+        threading.Thread(target=read, name=f"qbridge-read-ahead-{source.queue}", daemon=True).start()
+
+    def take(self, queue: str, after: int | None, limit: int) -> Any:
+        """The rows read ahead for a pass reading `limit` rows after `after`, or None (the pass
+        reads them itself): none was started, it was for another key or size, or it failed."""
+        ahead = self._ahead.pop(queue, None)
+        if ahead is None:
+            return None
+        ahead.go.set()
+        ahead.done.wait()
+        if ahead.after != after or ahead.limit != limit:
+            return None
+        if ahead.error is not None:
+            log.debug("queue=%s: the read-ahead failed (%s); the pass reads itself", queue, ahead.error)
+            return None
+        self.taken += 1
+        if ahead.columns is not NOT_MADE:
+            self._columns[queue] = (ahead.rows, ahead.columns)
+        return ahead.rows
+
+    def columns(self, queue: str, rows: Any) -> Any:
+        """The lane's source columns of every row of `rows`, made ahead with them, or NOT_MADE."""
+        made = self._columns.pop(queue, None)
+        if made is None or made[0] is not rows:
+            return NOT_MADE
+        self.columns_taken += 1
+        return made[1]
+
+    def drop(self, queue: str) -> None:
+        """Forgets `queue`'s read-ahead, once its thread has let go of its connection."""
+        self._columns.pop(queue, None)
+        self._stop(queue)
+
+    def _stop(self, queue: str) -> None:
+        """Forgets a read-ahead not taken (the columns of one taken are kept for its batch)."""
+        ahead = self._ahead.pop(queue, None)
+        if ahead is not None:
+            ahead.go.set()
+            ahead.done.wait()
+
+    def writing(self, queue: str) -> None:
+        """The pass of `queue` is writing its batch: its read-ahead makes its columns now."""
+        ahead = self._ahead.get(queue)
+        if ahead is not None:
+            ahead.go.set()

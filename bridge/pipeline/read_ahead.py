@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from bridge.sources import Source
 
 log = logging.getLogger("qbridge.batch")
-NOT_MADE = object()  # no columns were made ahead for these rows
+NOT_MADE: Any = object()  # no columns were made ahead for these rows
 
 
 @dataclass

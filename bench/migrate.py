@@ -12,6 +12,8 @@ Per N it seeds an NGinn queue table on the local PostgreSQL (70% ready, 10% dela
 failed, 10% processed; ~500-byte JSON bodies with `$type`; a few headers), then times
   (a) `qbridge migrate` (Spark local[*]),
   (b) `qbridge sync --once` (the in-process engine),
+  (r) (b) with QBRIDGE_READ_AHEAD=0: its passes without the read-ahead (bridge/pipeline/read_ahead.py),
+      so b/r is what reading the next batch while a pass commits gains,
   (c) `COPY (SELECT <the same column transformation>) TO STDOUT` piped into `COPY ... FROM STDIN`
       of NServiceBus-shaped tables, per destination table,
   (d) the plain pipe: the ready rows' columns (id, headers text, body as bytes, times) with
@@ -394,7 +396,7 @@ def fresh_target(url: str, work: Path, schema: str) -> None:
     subprocess.run([sys.executable, "-m", "bridge", "init", "-c", str(cfg)], cwd=work, check=True, stdout=subprocess.DEVNULL)
 
 
-ENGINES = "abcdefgtm"
+ENGINES = "abrcdefgtm"
 
 
 def seed_queue(url: str, n: int, seed: str = SEED) -> None:
@@ -471,6 +473,8 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
         ("t", TGT, ["env", f"OTEL_EXPORTER_OTLP_ENDPOINT={otlp_sink()}", "OTEL_BSP_MAX_QUEUE_SIZE=65536",
                     py, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT}.toml")]),
         ("b", TGT, [py, "-m", "bridge", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
+        # (r): (b) without its read-ahead (bridge/pipeline/read_ahead.py), the pass as it was before
+        ("r", TGT, ["env", "QBRIDGE_READ_AHEAD=0", py, "-m", "bridge", "sync", "--once", "-c", str(work / f"{TGT}.toml")]),
         # (m): (a) with the mapping --mapping names (issue 47's rules), into a target of its own
         ("m", TGT_M, [py, "-m", "bridge", "--log-level", "INFO", "migrate", "-c", str(work / f"{TGT_M}.toml")]),
     ):
@@ -524,13 +528,13 @@ def _round(url: str, n: int, work: Path, engines: str) -> dict[str, tuple[float,
 
 def summary(table: dict[int, dict[str, tuple[float, int, int]]]) -> None:
     print()
-    names = {"a": "(a) spark", "b": "(b) in-proc", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt", "f": "(f) floor",
+    names = {"a": "(a) spark", "b": "(b) in-proc", "r": "(r) no r-a", "c": "(c) SQL", "d": "(d) pipe", "e": "(e) dlt", "f": "(f) floor",
              "g": "(g) own rows", "t": "(t) traced", "m": "(m) rules"}
     present = [k for k in ENGINES if all(k in r for r in table.values())]
     head = f"{'N':>10} " + " ".join(f"{names[k]:>12}" for k in present)
     ratios = [("a/d time", "a", "d"), ("a/f time", "a", "f"), ("f/d time", "f", "d"), ("a/g time", "a", "g"),
               ("g/d time", "g", "d"), ("a/c rate", "a", "c"),
-              ("a/e rate", "a", "e"), ("t/a time", "t", "a"), ("m/e rate", "m", "e"), ("m/a time", "m", "a")]
+              ("a/e rate", "a", "e"), ("b/e rate", "b", "e"), ("b/r rate", "b", "r"), ("t/a time", "t", "a"), ("m/e rate", "m", "e"), ("m/a time", "m", "a")]
     ratios = [r for r in ratios if r[1] in present and r[2] in present]
     head += "".join(f" {r[0]:>9}" for r in ratios) + "".join(f" {'RSS ' + k:>8}" for k in present)
     print(head + "   (rows/s; RSS in MiB)")
@@ -569,7 +573,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[500_000, 1_000_000])
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
-    p.add_argument("--engines", default="adfgce", help="which of a, b, c, d, e, f, g, t to run (default a, c, d, e, f, g; "
+    p.add_argument("--engines", default="adfgce", help="which of a, b, c, d, e, f, g, r, t to run (default a, c, d, e, f, g; "
                    "t: (a) with tracing on, to an OTLP/HTTP sink)")
     p.add_argument("--mapping", metavar="FILE", help="(m): (a) with this mapping instead of the plain one (e.g. "
                    "bench/story_mapping.toml, issue 47's rules), beside (a) and (e) in the same run")

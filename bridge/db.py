@@ -88,7 +88,7 @@ def _create(url: str) -> sa.Engine:
         kwargs.pop("pool_pre_ping")
         kwargs["connect_args"] = {"timeout": 30}
     if parsed.get_backend_name() in ("postgresql", "mysql", "mariadb"):
-        kwargs["pool_size"] = 2
+        kwargs["pool_size"] = 3
     if parsed.drivername == "postgresql+psycopg":
         # psycopg prepares a statement after 5 runs, and PostgreSQL may then keep a generic
         # plan made while the ledger was nearly empty: a sequential scan per batch at 1M rows.

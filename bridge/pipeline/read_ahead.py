@@ -12,12 +12,17 @@ own (READ COMMITTED), so the read-ahead is the statement the pass would make, ma
 earlier. A row that commits after it, below the batch's last key, is a gap the next pass reads as a
 late row, as one that commits just after the pass's own read is. Move mode (whose read holds its
 rows locked in the pass's source transaction) and SQLite (one writer, and a read-only copy-mode
-source gains nothing there) never read ahead.
+source gains nothing there) never read ahead, nor does a process with QBRIDGE_READ_AHEAD=0 (the
+benchmarks' reference run, bench/migrate.py's (r)).
+
+Not in Spark's units: there every core is busy already (a unit per task slot), and a read-ahead
+a unit made it slower (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +54,7 @@ class ReadAhead:
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
-        self.on = engine.dialect.name != "sqlite"
+        self.on = engine.dialect.name != "sqlite" and os.environ.get("QBRIDGE_READ_AHEAD") != "0"
         self._ahead: dict[str, Ahead] = {}
         self.draining: set[str] = set()  # queues a drain is passing over: only its next pass takes a read-ahead
         self._columns: dict[str, tuple[Any, Any]] = {}  # a taken read-ahead's (rows, columns made ahead)

@@ -73,6 +73,16 @@ def acquire_statement(dialect: str, name: str) -> tuple[str, dict[str, Any]]:
     raise ValueError(f"no session lock for {dialect}")
 
 
+def release_statement(dialect: str, name: str) -> tuple[str, dict[str, Any]]:
+    """SQL that lets the lock go at once. Closing the session frees it too, but only once the
+    server has seen the connection close: a standby asking at once could still find it held."""
+    if dialect == "postgresql":
+        return "SELECT pg_advisory_unlock(:key)", {"key": advisory_key(name)}
+    if dialect in ("mysql", "mariadb"):
+        return "SELECT RELEASE_LOCK(:name)", {"name": name}
+    return "EXEC sp_releaseapplock @Resource = :name, @LockOwner = 'Session'", {"name": name}
+
+
 class JobLock:
     """The lock of one job in its target database, kept on a connection of its own."""
 
@@ -191,6 +201,11 @@ class JobLock:
             conn, self._conn = self._conn, None
             # Closing the session frees the lock; the connection must not go back to the pool
             # still holding it.
+            try:
+                sql, params = release_statement(self.engine.dialect.name, self.name)
+                conn.execute(sa.text(sql), params)
+            except Exception:  # noqa: BLE001 - a lost connection: its session, and the lock, end with it
+                log.debug("lock %s: not released by statement; closing its session frees it", self.name)
             try:
                 conn.invalidate()
             finally:

@@ -34,6 +34,9 @@ from bridge.sources import Source
 
 log = logging.getLogger("qbridge.batch")
 NOT_MADE: Any = object()  # no columns were made ahead for these rows
+# How long a pass (or a drain's end) waits for a read-ahead before it leaves it to finish alone
+# and reads itself: far above a batch's read, so only a read-ahead stuck on its connection meets it.
+STUCK_SECONDS = 60.0
 
 
 @dataclass
@@ -43,10 +46,22 @@ class Ahead:
     after: int
     limit: int
     done: threading.Event = field(default_factory=threading.Event)
+    read: threading.Event = field(default_factory=threading.Event)  # its rows are read, its connection let go
     go: threading.Event = field(default_factory=threading.Event)  # the pass is writing: make the columns now
     rows: Any = None
     columns: Any = NOT_MADE  # the columnar lane's source columns of every row, made ahead too
     error: BaseException | None = None
+    cancelled: bool = False  # no pass will take it: its columns are not made
+
+    def finish(self, queue: str) -> bool:
+        """Waits for the read-ahead to end, or, cancelled, for its connection to be let go (columns
+        it is making then are made in vain, and dropped); False when it is stuck."""
+        self.go.set()
+        if (self.read if self.cancelled else self.done).wait(STUCK_SECONDS):
+            return True
+        log.warning("queue=%s: a read-ahead has not ended in %.0f s (its legacy connection stuck?); the pass reads "
+                    "itself and the read-ahead's rows, when they come, are dropped", queue, STUCK_SECONDS)
+        return False
 
 
 class ReadAhead:
@@ -65,22 +80,25 @@ class ReadAhead:
         """Reads `source`'s next `limit` rows after `after` in a thread, when a drain passes over
         its queue (one a queue: an earlier one not taken is dropped); `columns(rows)`, when given,
         makes the lane's source columns of them there too (NOT_MADE where it makes none)."""
-        if not self.on or source.queue not in self.draining:
+        if not self.on or source.queue not in self.draining or source.cursor != "monotonic":
             return
         self._stop(source.queue)
         ahead = Ahead(after, limit)
-        self._ahead[source.queue] = ahead
 
         def read() -> None:
             try:
-                with self.engine.connect() as conn, conn.begin():
-                    ahead.rows = source.fetch_after(conn, after, limit, False)
+                try:
+                    with self.engine.connect() as conn, conn.begin():
+                        ahead.rows = source.fetch_after(conn, after, limit, False)
+                finally:
+                    ahead.read.set()
                 if columns is not None:
                     # Made while the pass's write waits on the database, not beside its own lane
                     # (both are Python's work: side by side they only take turns).
                     ahead.go.wait()
                     try:
-                        ahead.columns = columns(ahead.rows)
+                        if not ahead.cancelled:
+                            ahead.columns = columns(ahead.rows)
                     except Exception:  # noqa: BLE001 - the lane makes them again, and says what went wrong
                         ahead.columns = NOT_MADE
             except BaseException as e:  # noqa: BLE001 - the pass reads again itself, and meets the error there
@@ -88,7 +106,12 @@ class ReadAhead:
             finally:
                 ahead.done.set()
 
-        threading.Thread(target=read, name=f"qbridge-read-ahead-{source.queue}", daemon=True).start()
+        try:
+            threading.Thread(target=read, name=f"qbridge-read-ahead-{source.queue}", daemon=True).start()
+        except RuntimeError as e:  # no thread to be had (a process limit): the passes read themselves
+            log.warning("queue=%s: no read-ahead (%s); the next pass reads itself", source.queue, e)
+            return
+        self._ahead[source.queue] = ahead
 
     def take(self, queue: str, after: int | None, limit: int) -> Any:
         """The rows read ahead for a pass reading `limit` rows after `after`, or None (the pass
@@ -96,9 +119,11 @@ class ReadAhead:
         ahead = self._ahead.pop(queue, None)
         if ahead is None:
             return None
-        ahead.go.set()
-        ahead.done.wait()
-        if ahead.after != after or ahead.limit != limit:
+        if (ahead.after, ahead.limit) != (after, limit):
+            ahead.cancelled = True
+            ahead.finish(queue)
+            return None
+        if not ahead.finish(queue):
             return None
         if ahead.error is not None:
             log.debug("queue=%s: the read-ahead failed (%s); the pass reads itself", queue, ahead.error)
@@ -125,8 +150,8 @@ class ReadAhead:
         """Forgets a read-ahead not taken (the columns of one taken are kept for its batch)."""
         ahead = self._ahead.pop(queue, None)
         if ahead is not None:
-            ahead.go.set()
-            ahead.done.wait()
+            ahead.cancelled = True
+            ahead.finish(queue)
 
     def writing(self, queue: str) -> None:
         """The pass of `queue` is writing its batch: its read-ahead makes its columns now."""

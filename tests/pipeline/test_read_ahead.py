@@ -6,6 +6,8 @@ every row arrives once, and that the read-ahead was (or was not) what the pass t
 from __future__ import annotations
 
 import threading
+import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from helpers import Bridge
 
+from bridge.pipeline import read_ahead
 from bridge.pipeline.loop import PassStats
 
 QUEUE = "MQueue1"
@@ -218,3 +221,74 @@ def test_a_drain_leaves_no_read_ahead_behind(make) -> None:
     assert len(passes) == 1 and begun == [1]
     assert runner.read_ahead._ahead == {} and not runner.read_ahead.draining
     assert not [t for t in threading.enumerate() if t.name.startswith("qbridge-read-ahead")]
+
+
+# A helper review's findings (session 14): a read-ahead whose thread cannot start, or that is stuck,
+# never holds a drain up, nor do the columns of one no pass takes.
+
+def test_a_read_ahead_whose_thread_cannot_start_leaves_the_pass_to_read(make, monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    b = make(batch_size=10)
+    b.insert(b.ready(30))
+    runner = b.runner()
+
+    class NoThread(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(read_ahead, "threading", types.SimpleNamespace(Thread=NoThread, Event=threading.Event))
+    done: list[list[PassStats]] = []
+    drain = threading.Thread(target=lambda: done.append(_drain(runner)), daemon=True)
+    drain.start()
+    drain.join(30)
+    assert not drain.is_alive(), "the drain waits for a read-ahead whose thread never started"
+    assert [p.read for p in done[0]] == [10, 10, 10, 0] and runner.read_ahead.taken == 0
+    assert "no read-ahead (can't start new thread)" in caplog.text
+    _delivered_once(b, 30)
+
+
+def test_a_stuck_read_ahead_is_left_behind_and_the_pass_reads(make, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    b = make(batch_size=10)
+    b.insert(b.ready(25))
+    runner = b.runner()
+    source = runner.sources[QUEUE]
+    read = source.fetch_after
+    monkeypatch.setattr(read_ahead, "STUCK_SECONDS", 0.3)
+
+    def fetch_after(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(1.5)  # a legacy connection that does not answer, for longer than a pass waits
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(source, "fetch_after", fetch_after)
+    passes = _drain(runner)
+    assert [p.read for p in passes] == [10, 10, 5] and runner.read_ahead.taken == 0
+    assert "a read-ahead has not ended in 0 s" in caplog.text
+    _delivered_once(b, 25)
+
+
+def test_a_read_ahead_no_pass_takes_holds_no_pass_up_with_its_columns(make, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = make(batch_size=10)
+    b.insert(b.ready(60))
+    runner = b.runner()
+    runner.lane_min_rows = 1
+    source = runner.sources[QUEUE]
+    made = source.plain_columns
+    ahead_made: list[int] = []
+
+    def plain_columns(rows: Any, take: Any, mids: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(2)  # columns made ahead, slowly: a pass that waited for them would take 2 s
+            ahead_made.append(len(take))
+        return made(rows, take, mids)
+
+    monkeypatch.setattr(source, "plain_columns", plain_columns)
+    sizes = iter([10, 9] * 5)  # back-pressure's room, changing each pass: no read-ahead fits the next pass
+    runner.size_batch = lambda room: setattr(runner.job, "batch_size", next(sizes)) if room is not None else None  # type: ignore[method-assign]
+    runner.pressure.room = lambda: 1  # type: ignore[method-assign]
+    began = time.monotonic()
+    passes = _drain(runner)
+    assert time.monotonic() - began < len(passes), "passes waited for columns nobody takes (2 s each)"
+    assert runner.read_ahead.taken == 0 and runner.read_ahead.columns_taken == 0
+    _delivered_once(b, 60)

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from bridge.pipeline.cpus import usable_cpus
 from bridge.demo.samples import DOTNET_ERROR, nginn_body, nginn_row
+from bridge.sources.nginn import NGinnSource
 from helpers import Bridge
 
 pytestmark = pytest.mark.slow
@@ -132,6 +133,23 @@ def test_a_task_failing_after_its_target_commit_is_retried_without_doubles(make,
     assert r.returncode == 0, r.stderr
     fired = marker.read_text().splitlines()
     assert len(fired) >= 4, fired  # every unit's first attempt failed once a batch had committed
+    ledger = b.ledger()
+    assert sum(ledger.values()) == left
+    assert delivered_once(b) == ledger["delivered"]
+
+
+def test_a_units_batches_take_the_columnar_lane_on_the_executors(make, tmp_path: Path) -> None:
+    # Batches of NGinn's lane threshold and more: the lane runs in Spark's Python workers, where a
+    # driver-side override cannot reach. Its first batch of each unit fails there once (the fault
+    # is raised after the lane settled it, before its write): each unit is retried, nothing doubled.
+    b = make(batch_size=NGinnSource.lane_min_rows + 16)
+    left = seed(b, 2400)
+    marker = tmp_path / "faults"
+    r = migrate(b, "--unit-rows", "1000", env={"QBRIDGE_FAULT_FAIL": "lane_settled", "QBRIDGE_FAULT_FILE": str(marker)})
+    assert r.returncode == 0, r.stderr
+    fired = marker.read_text().splitlines()
+    assert len(fired) >= 2 and all(line.endswith(" lane_settled failed") for line in fired), fired
+    assert str(os.getpid()) not in {line.split()[0] for line in fired}
     ledger = b.ledger()
     assert sum(ledger.values()) == left
     assert delivered_once(b) == ledger["delivered"]

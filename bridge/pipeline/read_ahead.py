@@ -51,7 +51,7 @@ class Ahead:
     rows: Any = None
     columns: Any = NOT_MADE  # the columnar lane's source columns of every row, made ahead too
     error: BaseException | None = None
-    cancelled: bool = False  # no pass will take it: its columns are not made
+    cancelled: bool = False  # no pass will take it: its columns are not begun (or, begun, dropped)
 
     def finish(self, queue: str) -> bool:
         """Waits for the read-ahead to end, or, cancelled, for its connection to be let go (columns

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -81,32 +82,24 @@ def lane(runner: Batch, source: Source, rows: Sequence[SourceRow], keys: Sequenc
     take = [i for i, k in enumerate(keys) if k not in known]
     # A key twice in one batch (a reverse job's message sent twice) is settled row by row, where
     # the second copy finds the first's outcome.
-    least = source.lane_min_rows if runner.lane_min_rows is None else runner.lane_min_rows
-    if len(take) < least or len({keys[i] for i in take}) != len(take):
+    if len(take) < _least(runner, source) or len({keys[i] for i in take}) != len(take):
         return None
-    collecting = gc.isenabled()
-    try:
-        # The lane parses a batch of bodies and keeps them while the rules run: thousands of
-        # acyclic dicts, which the cyclic collector would walk again and again (a third of
-        # the time of a parse). None of it can form a cycle; the batch is collected after.
-        gc.disable()
-        # Made with the rows by a read-ahead, while the last pass committed, when the lane takes every row.
-        cols = runner.read_ahead.columns(source.queue, rows) if len(take) == len(rows) else NOT_MADE
-        if cols is NOT_MADE:
-            cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
-                                                                [keys[i] for i in take]))
-        done = None if cols is None else runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
-    except Exception:  # a row the lane misjudged must not stop the queue: the per-row lanes settle it
-        reported = runner.__dict__.setdefault("_lane_failures", set())
-        # Once per queue and process with its trace (a queue whose rows trip it would say so per batch).
-        log.log(logging.DEBUG if source.queue in reported else logging.WARNING,
-                "job=%s queue=%s: the columnar lane failed on a batch; its rows take the per-row lanes",
-                runner.job.name, source.queue, exc_info=source.queue not in reported)
-        reported.add(source.queue)
-        return None
-    finally:
-        if collecting:
-            gc.enable()
+    with _collector_paused():
+        try:
+            # Made with the rows by a read-ahead, while the last pass committed, when the lane takes every row.
+            cols = runner.read_ahead.columns(source.queue, rows) if len(take) == len(rows) else NOT_MADE
+            if cols is NOT_MADE:
+                cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
+                                                                    [keys[i] for i in take]))
+            done = None if cols is None else runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
+        except Exception:  # a row the lane misjudged must not stop the queue: the per-row lanes settle it
+            reported = runner.__dict__.setdefault("_lane_failures", set())
+            # Once per queue and process with its trace (a queue whose rows trip it would say so per batch).
+            log.log(logging.DEBUG if source.queue in reported else logging.WARNING,
+                    "job=%s queue=%s: the columnar lane failed on a batch; its rows take the per-row lanes",
+                    runner.job.name, source.queue, exc_info=source.queue not in reported)
+            reported.add(source.queue)
+            return None
     if cols is None or done is None:
         return None
     taken = np.zeros(len(rows), dtype=bool)
@@ -134,15 +127,28 @@ def ahead_columns(runner: Batch, source: Source, rows: Sequence[SourceRow]) -> A
     as `lane` makes them when the ledger knows none of the rows; NOT_MADE where it would take none."""
     if not takes_columns(runner, source):
         return NOT_MADE
-    least = source.lane_min_rows if runner.lane_min_rows is None else runner.lane_min_rows
     keys = ledger_keys(source, rows)
-    if len(keys) < least or len(set(keys)) != len(keys):
+    if len(keys) < _least(runner, source) or len(set(keys)) != len(keys):
         return NOT_MADE
     _one_thread()
-    collecting = gc.isenabled()
-    try:
-        gc.disable()  # as in `lane`; the lane's own batch is not running (it ends before its write)
+    with _collector_paused():  # the lane's own batch is not running: it ends before its write
         return source.plain_columns(rows, range(len(rows)), message_ids(source.system, runner.database, source.queue, keys))
+
+
+def _least(runner: Batch, source: Source) -> int:
+    """New rows a batch needs for the lane: the source's measured threshold, or the runner's own."""
+    return source.lane_min_rows if runner.lane_min_rows is None else runner.lane_min_rows
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic collector off while a batch's bodies are parsed and kept for the rules: thousands
+    of acyclic dicts, which it would walk again and again (a third of the time of a parse). None
+    of it can form a cycle; the batch is collected after. On again only where it was on."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,26 @@ def _drain(runner: Any, **kwargs: Any) -> list[PassStats]:
 def _delivered_once(b: Bridge, n: int) -> None:
     ids = b.message_ids("Orders")
     assert len(ids) == n and set(ids.values()) == {1}, ids.most_common(3)
+
+
+def _in_read_ahead(monkeypatch: pytest.MonkeyPatch, source: Any, name: str, first: Callable[[], None]) -> None:
+    """`source.<name>` runs `first()` before itself when a read-ahead's thread calls it (the
+    pass's own calls, on the main thread, go on as they were)."""
+    real = getattr(source, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            first()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(source, name, wrapped)
+
+
+def _sizes_each_pass(runner: Any, sizes: list[int]) -> None:
+    """Back-pressure's room as a batch size a pass, in this order."""
+    each = iter(sizes)
+    runner.size_batch = lambda room: setattr(runner.job, "batch_size", next(each)) if room is not None else None
+    runner.pressure.room = lambda: 1
 
 
 def _target_rows(b: Bridge) -> list[tuple[Any, ...]]:
@@ -124,9 +145,7 @@ def test_a_batch_size_changed_between_passes_is_read_again(make) -> None:
     b = make(batch_size=10)
     b.insert(b.ready(25))
     runner = b.runner()
-    sizes = iter([10, 5, 5, 5, 5, 5])
-    runner.size_batch = lambda room: setattr(runner.job, "batch_size", next(sizes)) if room is not None else None  # type: ignore[method-assign]
-    runner.pressure.room = lambda: 1  # type: ignore[method-assign]
+    _sizes_each_pass(runner, [10, 5, 5, 5, 5, 5])
     passes = _drain(runner)
     assert [p.read for p in passes][:2] == [10, 5]
     assert runner.read_ahead.taken == len(passes) - 2  # the second pass's was for 10 rows: not taken
@@ -137,15 +156,11 @@ def test_a_read_ahead_that_fails_leaves_the_pass_to_read(make, monkeypatch: pyte
     b = make(batch_size=10)
     b.insert(b.ready(35))
     runner = b.runner()
-    source = runner.sources[QUEUE]
-    read = source.fetch_after
 
-    def fetch_after(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            raise sa.exc.OperationalError("SELECT", {}, Exception("connection reset"))
-        return read(*args, **kwargs)
+    def reset() -> None:
+        raise sa.exc.OperationalError("SELECT", {}, Exception("connection reset"))
 
-    monkeypatch.setattr(source, "fetch_after", fetch_after)
+    _in_read_ahead(monkeypatch, runner.sources[QUEUE], "fetch_after", reset)
     passes = _drain(runner)
     assert [p.read for p in passes] == [10, 10, 10, 5]
     assert runner.read_ahead.taken == 0
@@ -162,12 +177,14 @@ def test_columns_the_read_ahead_could_not_make_are_made_by_the_lane(make, monkey
     lanes: list[int] = []
 
     def plain_columns(rows: Any, take: Any, mids: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            raise ValueError("a misjudged row")
         lanes.append(len(take))
         return made(rows, take, mids)
 
+    def misjudged() -> None:
+        raise ValueError("a misjudged row")
+
     monkeypatch.setattr(source, "plain_columns", plain_columns)
+    _in_read_ahead(monkeypatch, source, "plain_columns", misjudged)  # before the lane's own, which records
     _drain(runner)
     assert runner.read_ahead.taken == 3 and runner.read_ahead.columns_taken == 0
     assert lanes == [10, 10, 10]  # the lane made every batch's columns itself
@@ -252,16 +269,9 @@ def test_a_stuck_read_ahead_is_left_behind_and_the_pass_reads(make, monkeypatch:
     b = make(batch_size=10)
     b.insert(b.ready(25))
     runner = b.runner()
-    source = runner.sources[QUEUE]
-    read = source.fetch_after
     monkeypatch.setattr(read_ahead, "STUCK_SECONDS", 0.3)
-
-    def fetch_after(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            time.sleep(1.5)  # a legacy connection that does not answer, for longer than a pass waits
-        return read(*args, **kwargs)
-
-    monkeypatch.setattr(source, "fetch_after", fetch_after)
+    # A legacy connection that does not answer, for longer than a pass waits.
+    _in_read_ahead(monkeypatch, runner.sources[QUEUE], "fetch_after", lambda: time.sleep(1.5))
     passes = _drain(runner)
     assert [p.read for p in passes] == [10, 10, 5] and runner.read_ahead.taken == 0
     assert "a read-ahead has not ended in 0 s" in caplog.text
@@ -273,20 +283,9 @@ def test_a_read_ahead_no_pass_takes_holds_no_pass_up_with_its_columns(make, monk
     b.insert(b.ready(60))
     runner = b.runner()
     runner.lane_min_rows = 1
-    source = runner.sources[QUEUE]
-    made = source.plain_columns
-    ahead_made: list[int] = []
-
-    def plain_columns(rows: Any, take: Any, mids: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            time.sleep(2)  # columns made ahead, slowly: a pass that waited for them would take 2 s
-            ahead_made.append(len(take))
-        return made(rows, take, mids)
-
-    monkeypatch.setattr(source, "plain_columns", plain_columns)
-    sizes = iter([10, 9] * 5)  # back-pressure's room, changing each pass: no read-ahead fits the next pass
-    runner.size_batch = lambda room: setattr(runner.job, "batch_size", next(sizes)) if room is not None else None  # type: ignore[method-assign]
-    runner.pressure.room = lambda: 1  # type: ignore[method-assign]
+    # Columns made ahead, slowly: a pass that waited for them would take 2 s.
+    _in_read_ahead(monkeypatch, runner.sources[QUEUE], "plain_columns", lambda: time.sleep(2))
+    _sizes_each_pass(runner, [10, 9] * 5)  # a size changing each pass: no read-ahead fits the next pass
     began = time.monotonic()
     passes = _drain(runner)
     assert time.monotonic() - began < len(passes), "passes waited for columns nobody takes (2 s each)"

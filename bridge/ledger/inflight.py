@@ -5,7 +5,7 @@ lock another process took) must see those keys as being consumed, not as rows st
 again, and a unit that dies in between must leave them for someone to consume. A pass keeps such
 keys in its checkpoint row (`pending`); Spark's units take no checkpoint lock, so each batch
 writes a row of its own here, in its target transaction, and deletes it once its consume has
-committed. The next pass (`Passes._consume_inflight`) consumes what a dead unit left.
+committed. The next pass (`Leftovers._consume_inflight`, pipeline/leftovers.py) consumes what a dead unit left.
 
 Bounded: a row per batch between its two commits, plus those of units that died since the last pass.
 """

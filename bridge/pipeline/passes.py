@@ -19,11 +19,12 @@ from bridge.ledger import giveback
 from bridge.ledger.gaps import Gap, expire, fill, holes
 from bridge.ledger.state import merge_pending, pending_key
 from bridge.ledger.totals import FOLD_EVERY
-from bridge.pipeline.batch import Batch
 from bridge.pipeline.columnar import ahead_columns
 from bridge.pipeline.job import LedgerConflict
+from bridge.pipeline.leftovers import Leftovers
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.oldest import Oldest
+from bridge.pipeline.read_ahead import next_batch
 from bridge.pipeline.stats import REFILLS_A_WALK, SCAN_CHUNK, SCAN_RESERVE, PassStats, chunked
 from bridge.retry import RETRIES
 from bridge.sources import Source, SourceRow
@@ -35,7 +36,7 @@ log = logging.getLogger("qbridge.batch")
 BACKLOG_HINT = 100_000
 
 
-class Passes(Batch):
+class Passes(Leftovers):
     """The passes of JobRunner (`sync --once`, `qbridge run`, the end of `migrate`)."""
 
     def run_pass(self, queue: str) -> PassStats:
@@ -82,7 +83,7 @@ class Passes(Batch):
             else:
                 # Copy mode: the rows a read-ahead read while the last pass committed, when they
                 # are the ones this pass would read (pipeline/read_ahead.py).
-                new = None if lock else self.read_ahead.take(source.queue, cp.high, job.batch_size)
+                new = None if lock else self.read_ahead.take(source.queue, (cp.high, job.batch_size))
                 if new is None:
                     new = source.fetch_after(sconn, cp.high, job.batch_size, lock)
                 if not lock and len(new) >= job.batch_size:
@@ -134,71 +135,6 @@ class Passes(Batch):
                      job.name, source.queue, gap.lo, gap.hi, job.late_commit_window)
         return consume
 
-    def _consume_pending(self, queue: str) -> None:
-        """Consumes what a pass delivered and then could not consume (it died, or lost its
-        connection, between its two commits), under the checkpoint's lock, in transactions of
-        its own that hold no other source row: a pass still committing those rows finishes
-        first, and nothing waits in a circle. Then what Spark units left in flight."""
-        inflight = self.inflight_kept()  # first: it connects, and SQLite's BEGIN IMMEDIATE would wait on tconn
-        with self.target_engine.connect() as tconn:
-            cp = self.state.read_checkpoints(tconn, self.job.name).get(queue)
-            flights = self.state.inflight.batches(tconn, self.job.name, queue) if inflight else []
-        if cp is not None and cp.pending:
-            self._consume_checkpoint_pending(queue)
-        if flights:
-            self._consume_inflight(queue, flights)
-
-    def _consume_inflight(self, queue: str, flights: list[str]) -> None:
-        """Consumes the keys of Spark units' batches that committed in the target, each as
-        `_consume_checkpoint_pending` does its keys: under the checkpoint's lock (which a
-        rollback's withdrawal and give-back take), the batch's row read again (a list read
-        before may be stale: a rollback may have consumed it, withdrawn its messages and given
-        their rows back since), and the fence checked before the legacy commit. A unit still
-        between its two commits holds its rows, so this waits for its consume and finds them
-        consumed; units take no checkpoint lock, so nothing waits in a circle."""
-        n = 0
-        for batch in flights:
-            with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
-                stx = sconn.begin()  # first, as a pass's (SQLite takes a file's write lock at BEGIN)
-                try:
-                    with tconn.begin():
-                        self.state.lock_checkpoint(tconn, self.job.name, queue)
-                        self.fenced(tconn)  # held shared to the end: no taker raises the epoch meanwhile
-                        keys = self.state.inflight.keys_of(tconn, self.job.name, queue, batch)
-                        if keys is None:  # consumed and dropped by its unit or another process since
-                            continue
-                        n += self.sources[queue].consume(sconn, keys)
-                        stx.commit()
-                        faults.reached("inflight_consumed")
-                        self.state.inflight.drop(tconn, self.job.name, queue, batch)
-                finally:
-                    if stx.is_active:
-                        stx.rollback()
-        if n:
-            log.info("job=%s queue=%s consumed %d source rows delivered by a Spark unit that did not consume them",
-                     self.job.name, queue, n)
-
-    def _consume_checkpoint_pending(self, queue: str) -> None:
-        # The source transaction begins first, as a pass's does: SQLite takes a file's write
-        # lock at BEGIN, and two orders would wait on each other (two jobs sharing both files).
-        with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
-            stx = sconn.begin()
-            try:
-                with tconn.begin():
-                    cp = self.state.lock_checkpoint(tconn, self.job.name, queue)
-                    if not cp.pending:
-                        stx.rollback()
-                        return
-                    self.fenced(tconn)  # before the legacy commit; held shared to the end
-                    n = self.sources[queue].consume(sconn, cp.pending)
-                    stx.commit()
-                    faults.reached("pending_consumed")
-                    self.state.drop_pending(tconn, cp, cp.pending)
-            finally:
-                if stx.is_active:
-                    stx.rollback()
-        log.info("job=%s queue=%s consumed %d source rows delivered by an interrupted pass", self.job.name, queue, n)
-
     def _in_source_tx(self, source: Source, stats: PassStats, deliver) -> list:
         """The two commits of a batch: `deliver(sconn)` reads in the source transaction and
         commits the target; then move mode consumes what it returns, and the source commits."""
@@ -244,7 +180,7 @@ class Passes(Batch):
             if self.reserves.get(q):
                 self.walk_ends[q] = self.walked_to.get(q)  # where the next refill starts, until one moves it
                 batch, self.reserve_ends[q] = self._from_reserve(tconn, source, self.reserves[q], size)
-                return source.fetch_keys(sconn, batch, lock), bool(self.reserve_ends[q]), [], {}
+                return self._rows_of(sconn, source, batch, lock), bool(self.reserve_ends[q]), [], {}
             if self.walked_to.get(q) is not None and self.refills.get(q, 0) < REFILLS_A_WALK:
                 self.refills[q] = self.refills.get(q, 0) + 1
                 return self._refill(sconn, tconn, source, lock, size)
@@ -283,7 +219,7 @@ class Passes(Batch):
                          "`qbridge migrate` moves a backlog this size in one walk", self.job.name, q, new, SCAN_RESERVE)
         # Every key in the batch was unknown to the ledger: it needs no second lookup (a racing
         # process is caught by the ledger's primary key, and the pass is retried).
-        return source.fetch_keys(sconn, batch, lock), more, leftovers, {}
+        return self._rows_of(sconn, source, batch, lock), more, leftovers, {}
 
     def _refill(self, sconn: sa.Connection, tconn: sa.Connection, source: Source, lock: bool, size: int
                 ) -> tuple[list[SourceRow], bool, list, dict[str, str]]:
@@ -310,7 +246,19 @@ class Passes(Batch):
             after = page[-1][1]
         self.walk_ends[q] = end
         batch, self.reserve_ends[q] = found[:size], found[size:]
-        return source.fetch_keys(sconn, batch, lock), bool(self.reserve_ends[q]) or end is not None, leftovers, {}
+        return self._rows_of(sconn, source, batch, lock), bool(self.reserve_ends[q]) or end is not None, leftovers, {}
+
+    def _rows_of(self, sconn: sa.Connection, source: Source, batch: list[Any], lock: bool) -> list[SourceRow]:
+        """A scan batch's rows: fetched ahead while the last pass committed, when they are exactly
+        this batch's keys (pipeline/read_ahead.py); and the next batch's fetch begun."""
+        rows = None if lock else self.read_ahead.take(source.queue, batch)
+        if rows is None:
+            rows = source.fetch_keys(sconn, batch, lock)
+        q = source.queue
+        keys = None if lock else next_batch(source, self.walk_ends.get(q), self.reserve_ends.get(q), self.job.batch_size)
+        if keys is not None:
+            self.read_ahead.start_keys(source, keys, partial(ahead_columns, self, source))
+        return rows
 
     def _unknown(self, tconn: sa.Connection, source: Source, chunk: list[tuple[Any, Any]], lock: bool,
                  leftovers: list[Any]) -> list[tuple[Any, Any]]:

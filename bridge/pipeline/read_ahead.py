@@ -15,12 +15,20 @@ rows locked in the pass's source transaction) and SQLite (one writer, and a read
 source gains nothing there) never read ahead, nor does a process with QBRIDGE_READ_AHEAD=0 (the
 benchmarks' reference run, bench/migrate.py's (r)).
 
+A scan source's drain (BizTalk, OpenJMS) in copy mode knows its next batch's keys too, or where
+they start: the keys after this batch's last in the walk's order (BizTalk), or the next of the
+reserve (OpenJMS). Its read-ahead walks them and fetches their rows; the next pass still walks and
+looks its keys up in the ledger under its lock, and takes the rows only when its batch is exactly
+the keys read ahead. A scan fetches by key with no lock, so the rows are the pass's own fetch made
+a moment earlier: an entry the legacy side removed since is one it removed just after the fetch.
+
 Not in Spark's units: there every core is busy already (a unit per task slot), and a read-ahead
 a unit made it slower (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -41,10 +49,9 @@ STUCK_SECONDS = 60.0
 
 @dataclass
 class Ahead:
-    """One read-ahead: rows after `after`, at most `limit`, once `done` is set."""
+    """One read-ahead: the rows of what a pass asks for (`want`), once `done` is set."""
 
-    after: int
-    limit: int
+    want: Any  # (after, limit) of a monotonic read; a scan's batch keys, once read (None before)
     done: threading.Event = field(default_factory=threading.Event)
     read: threading.Event = field(default_factory=threading.Event)  # its rows are read, its connection let go
     go: threading.Event = field(default_factory=threading.Event)  # the pass is writing: make the columns now
@@ -59,9 +66,12 @@ class Ahead:
         self.go.set()
         if (self.read if self.cancelled else self.done).wait(STUCK_SECONDS):
             return True
+        self.stuck(queue)
+        return False
+
+    def stuck(self, queue: str) -> None:
         log.warning("queue=%s: a read-ahead has not ended in %.0f s (its legacy connection stuck?); the pass reads "
                     "itself and the read-ahead's rows, when they come, are dropped", queue, STUCK_SECONDS)
-        return False
 
 
 class ReadAhead:
@@ -77,21 +87,37 @@ class ReadAhead:
         self.columns_taken = 0
 
     def start(self, source: Source, after: int, limit: int, columns: Callable[[Any], Any] | None = None) -> None:
-        """Reads `source`'s next `limit` rows after `after` in a thread, when a drain passes over
-        its queue (one a queue: an earlier one not taken is dropped); `columns(rows)`, when given,
-        makes the lane's source columns of them there too (NOT_MADE where it makes none)."""
-        if not self.on or source.queue not in self.draining or source.cursor != "monotonic":
+        """Reads a monotonic `source`'s next `limit` rows after `after` in a thread, when a drain
+        passes over its queue (one a queue: an earlier one not taken is dropped); `columns(rows)`,
+        when given, makes the lane's source columns of them there too (NOT_MADE where it makes none)."""
+        if source.cursor == "monotonic":
+            self._start(source, (after, limit), lambda conn: ((after, limit), source.fetch_after(conn, after, limit, False)),
+                        columns, False)
+
+    def start_keys(self, source: Source, keys: Callable[[sa.Connection], list[Any]],
+                   columns: Callable[[Any], Any] | None = None) -> None:
+        """Fetches the rows of a scan `source`'s next batch in a thread, as `start` reads a
+        monotonic one's: `keys(conn)` says which (the walk on, the reserve's next)."""
+        if source.cursor == "scan":
+            self._start(source, None, lambda conn: _keyed(source, conn, keys(conn)), columns, True)
+
+    def _start(self, source: Source, want: Any, read_rows: Callable[[sa.Connection], tuple[Any, Any]],
+               columns: Callable[[Any], Any] | None, at_write: bool) -> None:
+        if not self.on or source.queue not in self.draining:
             return
         self._stop(source.queue)
-        ahead = Ahead(after, limit)
+        ahead = Ahead(want)
 
         def read() -> None:
             try:
-                try:
+                if at_write:
+                    # A scan's fetch is mostly Python's work (its rows made into dicts): begun beside
+                    # the pass's own decoding it only takes turns with it; beside the write it overlaps.
+                    ahead.go.wait()
+                if not ahead.cancelled:
                     with self.engine.connect() as conn, conn.begin():
-                        ahead.rows = source.fetch_after(conn, after, limit, False)
-                finally:
-                    ahead.read.set()
+                        ahead.want, ahead.rows = read_rows(conn)
+                ahead.read.set()
                 if columns is not None:
                     # Made while the pass's write waits on the database, not beside its own lane
                     # (both are Python's work: side by side they only take turns).
@@ -104,6 +130,7 @@ class ReadAhead:
             except BaseException as e:  # noqa: BLE001 - the pass reads again itself, and meets the error there
                 ahead.error = e
             finally:
+                ahead.read.set()
                 ahead.done.set()
 
         try:
@@ -113,13 +140,19 @@ class ReadAhead:
             return
         self._ahead[source.queue] = ahead
 
-    def take(self, queue: str, after: int | None, limit: int) -> Any:
-        """The rows read ahead for a pass reading `limit` rows after `after`, or None (the pass
-        reads them itself): none was started, it was for another key or size, or it failed."""
+    def take(self, queue: str, want: Any) -> Any:
+        """The rows read ahead for a pass asking for `want` ((after, limit) of a monotonic read, a
+        scan's batch keys), or None (the pass reads them itself): none was started, it was for
+        another key, size or batch, or it failed."""
         ahead = self._ahead.pop(queue, None)
         if ahead is None:
             return None
-        if (ahead.after, ahead.limit) != (after, limit):
+        ahead.go.set()  # a scan's read waits for the write that may not have come (a pass that failed)
+        if ahead.want is None and not ahead.read.wait(STUCK_SECONDS):  # a scan's keys: known once read
+            ahead.cancelled = True  # its thread, when it comes back, makes no columns and ends
+            ahead.stuck(queue)
+            return None
+        if ahead.want != want:
             ahead.cancelled = True
             ahead.finish(queue)
             return None
@@ -158,3 +191,32 @@ class ReadAhead:
         ahead = self._ahead.get(queue)
         if ahead is not None:
             ahead.go.set()
+
+
+def _keyed(source: Source, conn: sa.Connection, keys: list[Any]) -> tuple[list[Any], Any]:
+    """A scan's batch keys read ahead, and their rows."""
+    return keys, source.fetch_keys(conn, keys, False)
+
+
+def next_batch(source: Source, walk_end: Any, reserve: list[Any] | None, size: int
+               ) -> Callable[[sa.Connection], list[Any]] | None:
+    """The keys a scan drain's next pass takes when nothing moves meanwhile: the `size` after this
+    batch's last in the walk's order (`walk_end`, where the walk goes oldest first), or the
+    reserve's next; None where the next pass walks anew (the walk found the end)."""
+    if source.walks_oldest_first:
+        if walk_end is None:
+            return None
+
+        def walked(conn: sa.Connection) -> list[Any]:
+            walk = source.iter_aged(conn, walk_end, size + 1)  # the page the next pass's walk reads
+            try:
+                return [k for k, _ in itertools.islice(walk, size)]
+            finally:
+                close = getattr(walk, "close", None)
+                if close:
+                    close()
+        return walked
+    if not reserve:
+        return None
+    keys = list(reserve[:size])
+    return lambda conn: keys

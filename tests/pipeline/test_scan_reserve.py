@@ -8,6 +8,7 @@ behind the walk delivered by the same drain, a failed pass's drain walked again 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,13 @@ def fill(j: Jms, n: int = N) -> None:
         j.queue_message(f"ID:m-{i:02d}", accepted=BASE + 1000 * (n - i))
 
 
-def watched(source: Any) -> dict[str, Any]:
-    """Counts the source's walks and the keys they yield, its refills by age and the keys they
-    read, and records each batch fetched."""
+def watched(runner: Any) -> dict[str, Any]:
+    """Counts the passes' walks and the keys they yield, their refills by age and the keys they
+    read, and records the batch each pass took: fetched itself, or read ahead for it while the
+    pass before committed (pipeline/read_ahead.py; the read-ahead's own calls are not the passes')."""
+    source = runner.sources[QUEUE]
     seen: dict[str, Any] = {"walks": 0, "keys": 0, "refills": 0, "refilled": 0, "batches": []}
-    walk, fetch, by_age = source.iter_aged, source.fetch_keys, source.aged_after
+    walk, fetch, by_age, take = source.iter_aged, source.fetch_keys, source.aged_after, runner.read_ahead.take
 
     def refilled(conn: sa.Connection, after: Any, limit: int) -> Any:
         seen["refills"] += 1
@@ -55,16 +58,24 @@ def watched(source: Any) -> dict[str, Any]:
         return page
 
     def counted(conn: sa.Connection, after: Any = None, page: int = 10_000) -> Iterator[Any]:
-        seen["walks"] += 1
+        by_pass = threading.current_thread() is threading.main_thread()
+        seen["walks"] += by_pass
         for item in walk(conn, after, page):
-            seen["keys"] += 1
+            seen["keys"] += by_pass
             yield item
 
     def fetched(conn: sa.Connection, keys: Any, lock: bool) -> Any:
-        seen["batches"].append(list(keys))
+        if threading.current_thread() is threading.main_thread():
+            seen["batches"].append(list(keys))
         return fetch(conn, keys, lock)
 
-    source.iter_aged, source.fetch_keys, source.aged_after = counted, fetched, refilled
+    def taken(queue: str, want: Any) -> Any:
+        rows = take(queue, want)
+        if rows is not None:
+            seen["batches"].append(list(want))
+        return rows
+
+    source.iter_aged, source.fetch_keys, source.aged_after, runner.read_ahead.take = counted, fetched, refilled, taken
     return seen
 
 
@@ -82,7 +93,7 @@ def once(j: Jms, n: int) -> None:
 def test_a_drain_walks_once_a_reserve_not_once_a_pass_and_goes_oldest_first(jms: Jms) -> None:
     fill(jms)
     runner = jms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner)
     assert runner.drain(QUEUE).delivered == N
     once(jms, N)
     # Ten passes of three and one that finds nothing new. Walks at the 1st (30 new keys: nine
@@ -100,7 +111,7 @@ def test_a_drain_walks_from_the_first_key_again_after_a_few_refills(jms: Jms) ->
     waits a bounded number of reserves); still every handle once, oldest first."""
     fill(jms, 60)
     runner = jms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner)
     assert runner.drain(QUEUE).delivered == 60
     # A walk (9 kept of 60), four refills (36), a walk (9 kept of 15), a refill (the last 6),
     # and the drain's last walk.
@@ -112,7 +123,7 @@ def test_a_drain_walks_from_the_first_key_again_after_a_few_refills(jms: Jms) ->
 def test_keys_taken_or_consumed_meanwhile_are_not_delivered_twice_or_missed(jms: Jms) -> None:
     fill(jms)
     runner = jms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner)
     other = jms.runner()
 
     def meanwhile(stats: Any) -> None:
@@ -134,7 +145,7 @@ def test_keys_taken_or_consumed_meanwhile_are_not_delivered_twice_or_missed(jms:
 def test_a_key_put_behind_the_walk_comes_in_the_same_drain(jms: Jms) -> None:
     fill(jms)
     runner = jms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner)
 
     def add_oldest(stats: Any) -> None:
         if len(seen["batches"]) == 1:  # older than every handle: the reserve does not hold it
@@ -151,7 +162,7 @@ def test_a_failed_pass_retries_its_drain_with_a_fresh_walk(jms: Jms, monkeypatch
     that batch nor the rest of the reserve is lost or doubled."""
     fill(jms)
     runner = jms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner)
     fails_on_call(monkeypatch, Passes, "_deliver", 2)
     with pytest.raises(sa.exc.OperationalError):
         runner.drain(QUEUE)
@@ -170,7 +181,7 @@ def test_a_move_mode_drain_takes_its_reserve_and_consumes_each_handle(
     for j in make_jms("postgres", request, tmp_path, pg_server, pg_schema, mode="move", batch_size=3, queues=[QUEUE]):
         fill(j)
         runner = j.runner()
-        seen = watched(runner.sources[QUEUE])
+        seen = watched(runner)
         assert runner.drain(QUEUE).delivered == N
         assert seen["walks"] == 2 and seen["refills"] == 3
         assert [k for b in seen["batches"] for k in b] == [key(i) for i in reversed(range(N))]

@@ -43,11 +43,11 @@ def fill(j: Jms, n: int = N) -> None:
         j.queue_message(f"ID:m-{i:02d}", accepted=BASE + 1000 * (n - i))
 
 
-def watched(runner: Any) -> dict[str, Any]:
+def watched(runner: Any, queue: str = QUEUE) -> dict[str, Any]:
     """Counts the passes' walks and the keys they yield, their refills by age and the keys they
     read, and records the batch each pass took: fetched itself, or read ahead for it while the
     pass before committed (pipeline/read_ahead.py; the read-ahead's own calls are not the passes')."""
-    source = runner.sources[QUEUE]
+    source = runner.sources[queue]
     seen: dict[str, Any] = {"walks": 0, "keys": 0, "refills": 0, "refilled": 0, "batches": []}
     walk, fetch, by_age, take = source.iter_aged, source.fetch_keys, source.aged_after, runner.read_ahead.take
 

@@ -109,7 +109,7 @@ def test_guard_back_pressure_changing_the_batch_between_passes(pgjms: Jms, monke
     take that many, oldest first; every handle once, in age order."""
     fill(pgjms)
     runner = pgjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     rooms = iter([1, 2, 3, 1, 1, 2, 3, 3, 2, 1] * 10)
     monkeypatch.setattr(runner.pressure, "room", lambda: next(rooms))
     assert runner.drain(QUEUE).delivered == N
@@ -122,7 +122,7 @@ def test_guard_a_drain_stopped_or_paused_with_a_reserve_held_then_a_new_drain(pg
     they find and walk first; every handle once, and the reserve's keys are not skipped."""
     fill(pgjms)
     runner = pgjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     runner.drain(QUEUE, should_stop=lambda: len(seen["batches"]) >= 1)
     assert QUEUE not in runner.reserves and QUEUE not in runner.walked_to and seen["walks"] == 1
     assert pgjms.cli("pause", "--job", "job1", "--why", "review") == 0
@@ -144,7 +144,7 @@ def test_guard_another_process_drains_everything_while_a_reserve_is_held(pgjms: 
     finds nothing and ends; nothing twice."""
     fill(pgjms)
     a, b = pgjms.runner(), pgjms.runner()
-    seen = watched(a.sources[QUEUE])
+    seen = watched(a, QUEUE)
 
     def other(stats: Any) -> None:
         if len(seen["batches"]) == 1:
@@ -160,7 +160,7 @@ def test_guard_reserved_keys_the_ledger_took_as_quarantined_or_skipped_are_dropp
     records them): the reserve's passes deliver neither, and keep the rest in order."""
     fill(pgjms)
     runner = pgjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     q, s = key(25), key(22)
 
     def meanwhile(stats: Any) -> None:
@@ -196,7 +196,7 @@ def test_guard_topic_siblings_split_between_batch_and_reserve_move_mode(
             j.store(lambda c, t, i=i: openjms_message(c, t, f"ID:t-{i:02d}", TOPIC_ID, blob("text_simple.bin"),
                                                       list(SUBSCRIBERS.values()), accepted=BASE + 1000 * (n - i)))
         runner = j.runner()
-        seen = watched(runner.sources[TOPIC])
+        seen = watched(runner, TOPIC)
         audit = SUBSCRIBERS["audit-sub"]
 
         def legacy_consumes(stats: Any) -> None:
@@ -220,7 +220,7 @@ def test_guard_a_move_mode_rollback_while_a_reserve_is_held(pgjms_move: Jms) -> 
     j = pgjms_move
     fill(j)
     runner = j.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
 
     def rollback(stats: Any) -> None:
         if len(seen["batches"]) == 1:
@@ -243,7 +243,7 @@ def test_guard_a_rollback_that_still_owes_rows_retries_the_drain_with_a_fresh_wa
     j = pgjms_move
     fill(j)
     runner = j.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
 
     def cut_rollback(stats: Any) -> None:
         if len(seen["batches"]) == 1:

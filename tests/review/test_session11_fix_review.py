@@ -44,7 +44,7 @@ def test_guard_a_late_handle_waits_at_most_refills_a_walk_refills_under_inflow_a
     rnd = random.Random(seed)
     fill(anyjms)
     runner = anyjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     kinds = Kinds(seen)
     rooms = iter([rnd.choice([1, 2, 3]) for _ in range(1000)])
     monkeypatch.setattr(runner.pressure, "room", lambda: next(rooms))
@@ -81,7 +81,7 @@ def test_guard_the_count_is_not_carried_into_the_next_drain_stopped_or_failed(
     walk and walks again after REFILLS_A_WALK refills of its own, not fewer; every handle once."""
     fill(pgjms, 120)
     runner = pgjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     kinds = Kinds(seen)
     runner.drain(QUEUE, on_pass=lambda s: kinds.note(), should_stop=lambda: seen["refills"] >= 2)
     assert str(kinds) == "WRRFRRF" and QUEUE not in runner.refills

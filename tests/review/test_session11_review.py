@@ -21,7 +21,7 @@ def test_finding_a_handle_older_than_the_reserve_starves_while_the_backlog_is_fe
     """A late-committed handle older than the reserve waits as long as inflow keeps the backlog up."""
     fill(pgjms)
     runner = pgjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     young = iter(range(1000))
 
     def inflow(stats: Any) -> None:
@@ -44,7 +44,7 @@ def test_finding_handles_a_move_mode_rollback_gives_back_starve_while_the_backlo
     j = pgjms_move
     fill(j)
     runner = j.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     young = iter(range(1000))
 
     def inflow(stats: Any) -> None:
@@ -89,7 +89,7 @@ def test_guard_ties_and_null_times_each_once_in_age_then_keyset_order(anyjms: Jm
         ages[f"ID:r-{i:03d}"] = (a if a is not None else -1, s if s is not None else -1)
         put(anyjms, f"ID:r-{i:03d}", a, s)
     runner = anyjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     assert runner.drain(QUEUE).delivered == n
     assert delivered_order(seen) == [f"{m}#100" for m in sorted(ages, key=lambda m: (ages[m], m))]
     assert seen["walks"] == 2 and seen["refills"] >= 4
@@ -110,7 +110,7 @@ def test_guard_mariadb_case_equal_message_ids_at_the_reserve_boundary(
         for i in range(9, 20):
             put(j, f"ID:c-{i:02d}", BASE + i, 0)
         runner = j.runner()
-        seen = watched(runner.sources[QUEUE])
+        seen = watched(runner, QUEUE)
         assert runner.drain(QUEUE).delivered == 21
         order = delivered_order(seen)
         assert len(order) == len(set(order)) == 21 and seen["walks"] == 2
@@ -124,7 +124,7 @@ def test_guard_a_batch_larger_than_the_reserve_refills_at_once_under_back_pressu
     fill(pgjms, 40)
     runner = pgjms.runner()
     runner.rated = runner.rated.model_copy(update={"batch_size": 12})
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     rooms = iter([12, 1, 12, 5, 2, 12, 9, 11, 3, 12] * 10)
     monkeypatch.setattr(runner.pressure, "room", lambda: next(rooms))
     assert runner.drain(QUEUE).delivered == 40
@@ -149,7 +149,7 @@ def test_guard_copy_mode_rollback_between_refills(pgjms: Jms) -> None:
     the withdrawn handles are older than the refill's place; the drain delivers each again once."""
     fill(pgjms)
     runner = pgjms.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
 
     def rollback(stats: Any) -> None:
         if len(seen["batches"]) == 4:
@@ -171,7 +171,7 @@ def test_guard_a_refill_pass_whose_consume_fails_after_its_target_commit_move_mo
     j = pgjms_move
     fill(j)
     runner = j.runner()
-    seen = watched(runner.sources[QUEUE])
+    seen = watched(runner, QUEUE)
     fails_on_call(monkeypatch, runner.sources[QUEUE], "consume", 4, "DELETE")
     with_backoff(lambda: runner.drain(QUEUE), "drain", sleep=lambda s: None)
     assert seen["refills"] >= 1

@@ -254,8 +254,7 @@ class Passes(Leftovers):
         rows = None if lock else self.read_ahead.take(source.queue, batch)
         if rows is None:
             rows = source.fetch_keys(sconn, batch, lock)
-        q = source.queue
-        keys = None if lock else next_batch(source, self.walk_ends.get(q), self.reserve_ends.get(q), self.job.batch_size)
+        keys = None if lock else next_batch(source, self.walk_ends.get(source.queue), self.job.batch_size)
         if keys is not None:
             self.read_ahead.start_keys(source, keys, partial(ahead_columns, self, source))
         return rows

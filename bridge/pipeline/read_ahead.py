@@ -15,12 +15,14 @@ rows locked in the pass's source transaction) and SQLite (one writer, and a read
 source gains nothing there) never read ahead, nor does a process with QBRIDGE_READ_AHEAD=0 (the
 benchmarks' reference run, bench/migrate.py's (r)).
 
-A scan source's drain (BizTalk, OpenJMS) in copy mode knows its next batch's keys too, or where
-they start: the keys after this batch's last in the walk's order (BizTalk), or the next of the
-reserve (OpenJMS). Its read-ahead walks them and fetches their rows; the next pass still walks and
-looks its keys up in the ledger under its lock, and takes the rows only when its batch is exactly
-the keys read ahead. A scan fetches by key with no lock, so the rows are the pass's own fetch made
-a moment earlier: an entry the legacy side removed since is one it removed just after the fetch.
+A scan source's drain in copy mode whose walk goes oldest first (BizTalk) knows where its next
+batch starts too: after this batch's last key in the walk's order. Its read-ahead walks the next
+batch's keys and fetches their rows; the next pass still walks and looks its keys up in the
+ledger under its lock, and takes the rows only when its batch is exactly the keys read ahead. An
+entry taken so was there at the read-ahead's fetch and at the pass's walk, as one the pass
+fetches itself is there at its walk and its fetch: either way it was there when the pass walked,
+and its message (Spool, context, parts) does not change while the entry lives. Not OpenJMS's
+reserve, whose passes do not walk (`next_batch`).
 
 Not in Spark's units: there every core is busy already (a unit per task slot), and a read-ahead
 a unit made it slower (docs/benchmarks.md).
@@ -147,11 +149,12 @@ class ReadAhead:
         ahead = self._ahead.pop(queue, None)
         if ahead is None:
             return None
-        ahead.go.set()  # a scan's read waits for the write that may not have come (a pass that failed)
-        if ahead.want is None and not ahead.read.wait(STUCK_SECONDS):  # a scan's keys: known once read
-            ahead.cancelled = True  # its thread, when it comes back, makes no columns and ends
-            ahead.stuck(queue)
-            return None
+        if ahead.want is None:  # a scan's keys: known once read
+            ahead.go.set()  # its read waits for a write that may not have come (a pass that failed)
+            if not ahead.read.wait(STUCK_SECONDS):
+                ahead.cancelled = True  # its thread, when it comes back, makes no columns and ends
+                ahead.stuck(queue)
+                return None
         if ahead.want != want:
             ahead.cancelled = True
             ahead.finish(queue)
@@ -198,25 +201,25 @@ def _keyed(source: Source, conn: sa.Connection, keys: list[Any]) -> tuple[list[A
     return keys, source.fetch_keys(conn, keys, False)
 
 
-def next_batch(source: Source, walk_end: Any, reserve: list[Any] | None, size: int
-               ) -> Callable[[sa.Connection], list[Any]] | None:
-    """The keys a scan drain's next pass takes when nothing moves meanwhile: the `size` after this
-    batch's last in the walk's order (`walk_end`, where the walk goes oldest first), or the
-    reserve's next; None where the next pass walks anew (the walk found the end)."""
-    if source.walks_oldest_first:
-        if walk_end is None:
-            return None
+def next_batch(source: Source, walk_end: Any, size: int) -> Callable[[sa.Connection], list[Any]] | None:
+    """The keys a scan drain's next pass takes when nothing moves meanwhile, where its walk goes
+    oldest first: the `size` after this batch's last in the walk's order (`walk_end`); None where
+    the next pass walks anew (the walk found the end).
 
-        def walked(conn: sa.Connection) -> list[Any]:
-            walk = source.iter_aged(conn, walk_end, size + 1)  # the page the next pass's walk reads
-            try:
-                return [k for k, _ in itertools.islice(walk, size)]
-            finally:
-                close = getattr(walk, "close", None)
-                if close:
-                    close()
-        return walked
-    if not reserve:
+    Only there: that pass walks its keys after the read-ahead began, so an entry the legacy side
+    removed meanwhile is missing from its batch, which then is not the one read ahead. A pass that
+    takes its batch from a reserve (OpenJMS) looks at the store again only in its own fetch: rows
+    fetched ahead would deliver a handle acknowledged since, with the redelivered flag it had then
+    (tests/review/test_scan_read_ahead_review.py)."""
+    if not source.walks_oldest_first or walk_end is None:
         return None
-    keys = list(reserve[:size])
-    return lambda conn: keys
+
+    def walked(conn: sa.Connection) -> list[Any]:
+        walk = source.iter_aged(conn, walk_end, size + 1)  # the page the next pass's walk reads
+        try:
+            return [k for k, _ in itertools.islice(walk, size)]
+        finally:
+            close = getattr(walk, "close", None)
+            if close:
+                close()
+    return walked

@@ -42,8 +42,9 @@ def _arrow(columns: dict[str, Any]) -> int:
 
 
 def by_qbridge(engine: sa.Engine, pages: list[int]) -> None:
+    from bridge.schemas.nginn import queue_table
     from bridge.sources.fetched import fetched
-    from bridge.sources.nginn import CONSUMABLE, queue_table
+    from bridge.sources.nginn import CONSUMABLE
 
     t = queue_table(bench.QUEUE, bench.SRC)
     with engine.connect() as conn:

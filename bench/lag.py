@@ -174,7 +174,7 @@ def main() -> None:
     p.add_argument("--pg", default=os.environ.get("QBRIDGE_BENCH_PG", PG))
     args = p.parse_args()
 
-    from bridge.sources.nginn import queue_table
+    from bridge.schemas.nginn import queue_table
 
     done = threading.Event()
     committed, arrived, duplicates, held, code = measure(

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import sqlalchemy as sa
 
-from bridge.sources.nginn import queue_table, subscription_table
+from bridge.schemas.nginn import queue_table, subscription_table
 
 DOTNET_ERROR = (
     "System.InvalidOperationException: Order 42 cannot be shipped: no stock ---> "

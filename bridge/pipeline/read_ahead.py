@@ -40,6 +40,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.pipeline.arrow_reads import ArrowReads
 from bridge.sources import Source
 
 log = logging.getLogger("qbridge.batch")
@@ -85,6 +86,7 @@ class ReadAhead:
         self._ahead: dict[str, Ahead] = {}
         self.draining: set[str] = set()  # queues a drain is passing over: only its next pass takes a read-ahead
         self._columns: dict[str, tuple[Any, Any]] = {}  # a taken read-ahead's (rows, columns made ahead)
+        self.arrow = ArrowReads(engine)  # a monotonic PostgreSQL queue's reads, by ADBC
         self.taken = 0  # read-aheads a pass took, and batches whose lane took columns made ahead (tests count them)
         self.columns_taken = 0
 
@@ -93,17 +95,24 @@ class ReadAhead:
         passes over its queue (one a queue: an earlier one not taken is dropped); `columns(rows)`,
         when given, makes the lane's source columns of them there too (NOT_MADE where it makes none)."""
         if source.cursor == "monotonic":
-            self._start(source, (after, limit), lambda conn: ((after, limit), source.fetch_after(conn, after, limit, False)),
-                        columns, False)
+            self._start(source, (after, limit), lambda: ((after, limit), self._after(source, after, limit)), columns, False)
+
+    def _after(self, source: Source, after: int, limit: int) -> Any:
+        rows = self.arrow.read_after(source, after, limit)
+        return rows if rows is not None else self._on_connection(lambda conn: source.fetch_after(conn, after, limit, False))
+
+    def _on_connection(self, read: Callable[[sa.Connection], Any]) -> Any:
+        with self.engine.connect() as conn, conn.begin():
+            return read(conn)
 
     def start_keys(self, source: Source, keys: Callable[[sa.Connection], list[Any]],
                    columns: Callable[[Any], Any] | None = None) -> None:
         """Fetches the rows of a scan `source`'s next batch in a thread, as `start` reads a
         monotonic one's: `keys(conn)` says which (the walk on, the reserve's next)."""
         if source.cursor == "scan":
-            self._start(source, None, lambda conn: _keyed(source, conn, keys(conn)), columns, True)
+            self._start(source, None, lambda: self._on_connection(lambda conn: _keyed(source, conn, keys(conn))), columns, True)
 
-    def _start(self, source: Source, want: Any, read_rows: Callable[[sa.Connection], tuple[Any, Any]],
+    def _start(self, source: Source, want: Any, read_rows: Callable[[], tuple[Any, Any]],
                columns: Callable[[Any], Any] | None, at_write: bool) -> None:
         if not self.on or source.queue not in self.draining:
             return
@@ -117,8 +126,7 @@ class ReadAhead:
                     # the pass's own decoding it only takes turns with it; beside the write it overlaps.
                     ahead.go.wait()
                 if not ahead.cancelled:
-                    with self.engine.connect() as conn, conn.begin():
-                        ahead.want, ahead.rows = read_rows(conn)
+                    ahead.want, ahead.rows = read_rows()
                 ahead.read.set()
                 if columns is not None:
                     # Made while the pass's write waits on the database, not beside its own lane
@@ -154,12 +162,13 @@ class ReadAhead:
             if not ahead.read.wait(STUCK_SECONDS):
                 ahead.cancelled = True  # its thread, when it comes back, makes no columns and ends
                 ahead.stuck(queue)
+                self.arrow.forget(queue)
                 return None
         if ahead.want != want:
             ahead.cancelled = True
-            ahead.finish(queue)
+            self._finish(ahead, queue)
             return None
-        if not ahead.finish(queue):
+        if not self._finish(ahead, queue):
             return None
         if ahead.error is not None:
             log.debug("queue=%s: the read-ahead failed (%s); the pass reads itself", queue, ahead.error)
@@ -178,16 +187,24 @@ class ReadAhead:
         return made[1]
 
     def drop(self, queue: str) -> None:
-        """Forgets `queue`'s read-ahead, once its thread has let go of its connection."""
+        """Forgets `queue`'s read-ahead, once its thread has let go of its connection, and closes
+        the queue's ADBC connection (its drain ends)."""
         self._columns.pop(queue, None)
         self._stop(queue)
+        self.arrow.close(queue)
+
+    def _finish(self, ahead: Ahead, queue: str) -> bool:
+        if ahead.finish(queue):
+            return True
+        self.arrow.forget(queue)  # the stuck read-ahead keeps its connection
+        return False
 
     def _stop(self, queue: str) -> None:
         """Forgets a read-ahead not taken (the columns of one taken are kept for its batch)."""
         ahead = self._ahead.pop(queue, None)
         if ahead is not None:
             ahead.cancelled = True
-            ahead.finish(queue)
+            self._finish(ahead, queue)
 
     def writing(self, queue: str) -> None:
         """The pass of `queue` is writing its batch: its read-ahead makes its columns now."""

@@ -37,7 +37,14 @@ class Fetched(Sequence[SourceRow]):
         return self._columns[name]
 
     def __len__(self) -> int:
-        return len(self._tuples)
+        return len(self._rows)
+
+    def tuples(self) -> Sequence[Sequence[Any]]:
+        """Every row's values as the driver gave them, in `names`' order."""
+        return self._tuples
+
+    def _values(self, i: int) -> dict[str, Any]:
+        return dict(zip(self.names, self._tuples[i]))
 
     @overload
     def __getitem__(self, i: int) -> SourceRow: ...
@@ -50,7 +57,7 @@ class Fetched(Sequence[SourceRow]):
             return [self[j] for j in range(*i.indices(len(self)))]
         row = self._rows[i]
         if row is None:
-            row = self._rows[i] = SourceRow(self.keys[i], self.consumable[i], dict(zip(self.names, self._tuples[i])))
+            row = self._rows[i] = SourceRow(self.keys[i], self.consumable[i], self._values(i))
         return row
 
     def __iter__(self) -> Iterator[SourceRow]:
@@ -75,7 +82,7 @@ def _joined(a: Fetched, b: Fetched) -> Fetched:
     """`a` then `b` (the same columns), keeping what each made already."""
     joined = Fetched.__new__(Fetched)
     joined.names = a.names
-    joined._tuples = [*a._tuples, *b._tuples]
+    joined._tuples = [*a.tuples(), *b.tuples()]
     joined._rows = [*a._rows, *b._rows]
     joined._columns = None
     joined.keys = [*a.keys, *b.keys]

@@ -17,6 +17,7 @@ from bridge.config import JobConfig
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.identifiers import check_fits
 from bridge.model import CanonicalMessage, Failure, FailureInfo, PlainMessage
+from bridge.schemas.nginn import queue_table, subscription_table
 from bridge.sources.base import Source, SourceRow, Subscription
 from bridge.sources.fetched import Fetched, fetched
 from bridge.timefmt import LocalClock, utcnow, zone
@@ -28,44 +29,6 @@ _TEXT_OR_NULL = (str, type(None))
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
 COLUMNS = ("id", "from_endpoint", "to_endpoint", "subqueue", "insert_time", "last_processed", "retry_count", "retry_time",
            "error_info", "correlation_id", "label", "msg_text", "msg_headers", "unique_id")
-
-
-def queue_table(name: str, schema: str | None = None, metadata: sa.MetaData | None = None) -> sa.Table:
-    """The queue table as NGinn's createmqueue script defines it (types per dialect)."""
-    return sa.Table(
-        name,
-        metadata or sa.MetaData(),
-        # SQLite only auto-numbers an INTEGER PRIMARY KEY.
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
-        sa.Column("from_endpoint", sa.String(50), nullable=False),
-        sa.Column("to_endpoint", sa.String(50), nullable=False),
-        sa.Column("subqueue", sa.CHAR(1), nullable=False),
-        sa.Column("insert_time", sa.DateTime(), nullable=False),
-        sa.Column("last_processed", sa.DateTime()),
-        sa.Column("retry_count", sa.Integer(), nullable=False),
-        sa.Column("retry_time", sa.DateTime(), nullable=False),
-        sa.Column("error_info", sa.Text()),
-        sa.Column("correlation_id", sa.String(100)),
-        sa.Column("label", sa.String(100)),
-        sa.Column("msg_text", sa.Text()),
-        sa.Column("msg_headers", sa.Text()),
-        sa.Column("unique_id", sa.String(40)),
-        sa.Index(f"IDX_{name}_subqueue_retry_time", "subqueue", "retry_time"),
-        schema=schema,
-    )
-
-
-def subscription_table(name: str, schema: str | None = None, metadata: sa.MetaData | None = None) -> sa.Table:
-    return sa.Table(
-        name,
-        metadata or sa.MetaData(),
-        sa.Column("publisher_endpoint", sa.String(200), primary_key=True),
-        sa.Column("subscriber_endpoint", sa.String(200), primary_key=True),
-        sa.Column("message_type", sa.String(300), primary_key=True),
-        sa.Column("created_date", sa.DateTime(), nullable=False),
-        sa.Column("expiration_date", sa.DateTime()),
-        schema=schema,
-    )
 
 
 class NGinnSource(Source):
@@ -119,6 +82,14 @@ class NGinnSource(Source):
         if upto is not None:
             stmt = stmt.where(self.table.c.id <= upto)
         return self._rows(conn.execute(stmt))
+
+    def fetch_after_arrow(self, cursor: Any, after: int | None, limit: int) -> Fetched:
+        """Copy mode's fetch_after by an ADBC PostgreSQL cursor, as Arrow columns (a read-ahead's)."""
+        stmt = self._select(False).limit(limit)
+        from bridge.sources.arrow_fetched import read_arrow  # Arrow is imported on a read-ahead's first batch
+
+        return read_arrow(cursor, stmt if after is None else stmt.where(self.table.c.id > after),
+                          "id", int, "subqueue", CONSUMABLE.__contains__)
 
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> Sequence[SourceRow]:
         c = self.table.c.id

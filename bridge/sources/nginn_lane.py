@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from bridge.codecs import nginn as codec
 from bridge.codecs.compiled import compiled
 from bridge.model import MESSAGE_MAX, FailureInfo, PlainMessage
+from bridge.sources.arrow_fetched import ArrowFetched
 from bridge.sources.base import SourceRow
 from bridge.sources.columns import DUE, FAILED, SENT, PlainColumns, mark, taken
 from bridge.sources.columns import np_bool as _np
@@ -58,7 +59,8 @@ def plain_columns(rows: Sequence[SourceRow], take: Sequence[int], mids: Sequence
     server's zone, `queue` the source queue; `build` is NGinnSource.plain_of, which makes each
     group's example; `keep_bodies`: the columns keep each body as parsed (PlainColumns.docs)."""
     def column(name: str, kind: pa.DataType) -> pa.Array:
-        a = pa.array(values_at(rows, take, name))
+        # A read-ahead's columns are Arrow already (bridge.sources.arrow_fetched).
+        a = rows.array(name, take) if isinstance(rows, ArrowFetched) else pa.array(values_at(rows, take, name))
         if isinstance(a, pa.ChunkedArray):  # over 2 GiB of text in one batch: the per-row lanes take it
             raise TypeError(f"{name}: {a.num_chunks} chunks")
         if a.type == pa.null():

@@ -23,8 +23,9 @@ from bridge.errors import BadRow, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.mapping import Mapping
 from bridge.model import CanonicalMessage
+from bridge.schemas.nginn import queue_table
 from bridge.sources.base import Subscription
-from bridge.sources.nginn import live_subscriptions, queue_table
+from bridge.sources.nginn import live_subscriptions
 from bridge.targets.base import Skipped, Target
 from bridge.targets.bulk import insert_rows
 from bridge.targets.reverse import ReverseRules

@@ -46,6 +46,12 @@ def _in_read_ahead(monkeypatch: pytest.MonkeyPatch, source: Any, name: str, firs
     monkeypatch.setattr(source, name, wrapped)
 
 
+def _reads_by(runner: Any, adbc: bool) -> str:
+    """The source method a read-ahead reads by: ADBC's (the default on PostgreSQL), or SQLAlchemy's."""
+    runner.read_ahead.arrow.on = adbc
+    return "fetch_after_arrow" if adbc else "fetch_after"
+
+
 def _sizes_each_pass(runner: Any, sizes: list[int]) -> None:
     """Back-pressure's room as a batch size a pass, in this order."""
     each = iter(sizes)
@@ -70,6 +76,7 @@ def test_a_drain_takes_each_read_ahead_and_writes_what_it_wrote_without(make, tm
     # Passes 2 to 6 read nothing themselves, and their lanes took the columns made with the rows.
     assert runner.read_ahead.taken == 5
     assert runner.read_ahead.columns_taken == 5
+    assert runner.read_ahead.arrow.reads == 5  # by ADBC, as Arrow columns (bridge/pipeline/arrow_reads.py)
 
     # The same rows by a drain that never reads ahead: the same transport rows, byte for byte.
     (tmp_path / "off").mkdir()
@@ -91,7 +98,9 @@ def test_a_drain_takes_each_read_ahead_and_writes_what_it_wrote_without(make, tm
         other.dispose()
 
 
-def test_a_row_that_commits_after_the_read_ahead_is_a_late_row_read_once(make, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("adbc", [True, False], ids=["adbc", "sqlalchemy"])
+def test_a_row_that_commits_after_the_read_ahead_is_a_late_row_read_once(make, monkeypatch: pytest.MonkeyPatch,
+                                                                         adbc: bool) -> None:
     b = make(batch_size=10)
     ids = b.insert(b.ready(30))
     with b.source.connect() as conn:
@@ -100,17 +109,18 @@ def test_a_row_that_commits_after_the_read_ahead_is_a_late_row_read_once(make, m
         conn.execute(sa.delete(b.tables[QUEUE]).where(b.tables[QUEUE].c.id == late["id"]))
     runner = b.runner()
     source = runner.sources[QUEUE]
-    read = source.fetch_after
+    name = _reads_by(runner, adbc)
+    read = getattr(source, name)
     committed: list[int] = []
 
-    def fetch_after(conn: sa.Connection, after: Any, *args: Any, **kwargs: Any) -> Any:
+    def fetch_after(conn: Any, after: Any, *args: Any, **kwargs: Any) -> Any:
         rows = read(conn, after, *args, **kwargs)
         if threading.current_thread() is not threading.main_thread() and after == ids[9] and not committed:
             b.insert([late])  # after the read-ahead read 11..21, before the next pass takes it
             committed.append(late["id"])
         return rows
 
-    monkeypatch.setattr(source, "fetch_after", fetch_after)
+    monkeypatch.setattr(source, name, fetch_after)
     passes = _drain(runner)
     assert committed == [ids[14]]
     # Pass 2 took the read-ahead, which had not seen id 15: a gap, read by pass 3 as a late row.
@@ -152,7 +162,8 @@ def test_a_batch_size_changed_between_passes_is_read_again(make) -> None:
     _delivered_once(b, 25)
 
 
-def test_a_read_ahead_that_fails_leaves_the_pass_to_read(make, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("adbc", [True, False], ids=["adbc", "sqlalchemy"])
+def test_a_read_ahead_that_fails_leaves_the_pass_to_read(make, monkeypatch: pytest.MonkeyPatch, adbc: bool) -> None:
     b = make(batch_size=10)
     b.insert(b.ready(35))
     runner = b.runner()
@@ -160,7 +171,7 @@ def test_a_read_ahead_that_fails_leaves_the_pass_to_read(make, monkeypatch: pyte
     def reset() -> None:
         raise sa.exc.OperationalError("SELECT", {}, Exception("connection reset"))
 
-    _in_read_ahead(monkeypatch, runner.sources[QUEUE], "fetch_after", reset)
+    _in_read_ahead(monkeypatch, runner.sources[QUEUE], _reads_by(runner, adbc), reset)
     passes = _drain(runner)
     assert [p.read for p in passes] == [10, 10, 10, 5]
     assert runner.read_ahead.taken == 0
@@ -264,14 +275,15 @@ def test_a_read_ahead_whose_thread_cannot_start_leaves_the_pass_to_read(make, mo
     _delivered_once(b, 30)
 
 
+@pytest.mark.parametrize("adbc", [True, False], ids=["adbc", "sqlalchemy"])
 def test_a_stuck_read_ahead_is_left_behind_and_the_pass_reads(make, monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+                                                              caplog: pytest.LogCaptureFixture, adbc: bool) -> None:
     b = make(batch_size=10)
     b.insert(b.ready(25))
     runner = b.runner()
     monkeypatch.setattr(read_ahead, "STUCK_SECONDS", 0.3)
     # A legacy connection that does not answer, for longer than a pass waits.
-    _in_read_ahead(monkeypatch, runner.sources[QUEUE], "fetch_after", lambda: time.sleep(1.5))
+    _in_read_ahead(monkeypatch, runner.sources[QUEUE], _reads_by(runner, adbc), lambda: time.sleep(1.5))
     passes = _drain(runner)
     assert [p.read for p in passes] == [10, 10, 5] and runner.read_ahead.taken == 0
     assert "a read-ahead has not ended in 0 s" in caplog.text

@@ -56,29 +56,55 @@ class ArrowReads:
                 rows = read(cursor, after, limit)
             finally:
                 cursor.close()
-            self.reads += 1
-            return rows
         except NotArrow as e:
             if not e.lasting:
                 raise
-            self.close(source.queue)
+            self._close(source.queue, conn)
             self._off(source.queue, str(e))
             return None
         except BaseException:
-            self.close(source.queue)  # a connection that failed is not used again
+            self._close(source.queue, conn)  # a connection that failed is not used again
             raise
+        self.reads += 1
+        with self._lock:
+            forgotten = self._conns.get(source.queue) is not conn
+        if forgotten:  # this read-ahead was left as stuck: the queue has another connection by now
+            self._close(source.queue, conn)
+        return rows
 
     def _conn(self, queue: str) -> Any:
         with self._lock:
             conn = self._conns.get(queue)
         if conn is None:
-            import adbc_driver_postgresql.dbapi as adbc
-
-            url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-            conn = adbc.connect(url, autocommit=True)  # no transaction left open between read-aheads
-            self.connects += 1
+            conn = self._connect()
             with self._lock:
                 self._conns[queue] = conn
+        return conn
+
+    def _connect(self) -> Any:
+        import adbc_driver_postgresql.dbapi as adbc
+
+        url = self.engine.url
+        if any(isinstance(v, tuple) for v in url.query.values()):
+            # A parameter given twice (a list of hosts): psycopg joins them, a libpq URL keeps the last.
+            raise ValueError(f"the URL gives {', '.join(k for k, v in url.query.items() if isinstance(v, tuple))} more than once")
+        # Text in UTF-8 whatever the database's encoding (the driver copies bytes into Arrow's
+        # UTF-8 strings as they come; psycopg decodes by the session's encoding).
+        libpq = url.set(drivername="postgresql").update_query_dict({"client_encoding": "UTF8"}).render_as_string(hide_password=False)
+        conn = adbc.connect(libpq, autocommit=True)  # no transaction left open between read-aheads
+        self.connects += 1
+        try:
+            cursor = conn.cursor()
+            try:
+                cursor.execute("SELECT current_setting('client_encoding'), current_setting('server_encoding')")
+                client, server = cursor.fetchone()
+            finally:
+                cursor.close()
+            if client != "UTF8" or server == "SQL_ASCII":  # SQL_ASCII: psycopg gives bytes, not text
+                raise ValueError(f"the session's encoding is {client} of the database's {server}, not UTF-8 text")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _off(self, queue: str, why: str) -> None:
@@ -96,7 +122,18 @@ class ArrowReads:
         with self._lock:
             conn = self._conns.pop(queue, None)
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001, S110 - a connection already broken: nothing left to close
-                pass
+            _close(conn)
+
+    def _close(self, queue: str, conn: Any) -> None:
+        """Closes `conn`, the one a read-ahead used, and forgets it if it is still `queue`'s."""
+        with self._lock:
+            if self._conns.get(queue) is conn:
+                del self._conns[queue]
+        _close(conn)
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001, S110 - a connection already broken: nothing left to close
+        pass

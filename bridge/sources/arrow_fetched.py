@@ -14,7 +14,7 @@ ArrowFetched (NotArrow), and the pass reads itself as before."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -25,10 +25,9 @@ from sqlalchemy.dialects import postgresql
 from bridge.sources.fetched import Fetched
 
 _EPOCH = datetime(1970, 1, 1)
-_US = 1_000_000
 # datetime's own range, in microseconds since the epoch: PostgreSQL's (and its ±infinity) is wider.
-_LOWEST = int((datetime.min - _EPOCH).total_seconds()) * _US
-_HIGHEST = int((datetime.max - _EPOCH).total_seconds()) * _US + 999_999
+_LOWEST = (datetime.min - _EPOCH) // timedelta(microseconds=1)
+_HIGHEST = (datetime.max - _EPOCH) // timedelta(microseconds=1)
 # Rows whose values are made one by one from the arrays (~1 µs a value) before every column is made
 # Python's at once (~0.1 µs a value, and memory for the whole batch).
 SCALAR_ROWS = 64
@@ -43,9 +42,15 @@ class NotArrow(Exception):
         self.lasting = lasting
 
 
-def _same_in_python(t: pa.DataType) -> bool:
-    return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-            or (pa.types.is_timestamp(t) and t.tz is None and t.unit == "us"))
+# PostgreSQL's types whose values Arrow gives Python as psycopg does (`money` is an int64 of cents
+# there, `oid` an int32 that wraps, and others are Arrow's extension types).
+SAME_IN_PYTHON = {"int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64(), "text": pa.string(),
+                  "varchar": pa.string(), "bpchar": pa.string(), "timestamp": pa.timestamp("us")}
+
+
+def _same_in_python(f: pa.Field) -> bool:
+    pg = (f.metadata or {}).get(b"POSTGRESQL:type")
+    return pg is not None and SAME_IN_PYTHON.get(pg.decode()) == f.type
 
 
 class ArrowFetched(Fetched):
@@ -57,8 +62,11 @@ class ArrowFetched(Fetched):
                  consumable_of: Callable[[Any], bool]) -> None:
         table = table.combine_chunks()
         for f in table.schema:
-            if not _same_in_python(f.type):
-                raise NotArrow(f"column {f.name} is {f.type}", True)
+            if not _same_in_python(f):
+                pg = (f.metadata or {}).get(b"POSTGRESQL:type", b"?").decode()
+                raise NotArrow(f"column {f.name} is PostgreSQL's {pg}, Arrow's {f.type}", True)
+            if table.column(f.name).num_chunks > 1:  # over 2 GiB of text: the per-row lanes take the batch
+                raise NotArrow(f"column {f.name} is {table.column(f.name).num_chunks} chunks", False)
         self._arrays = {n: (table.column(n).chunk(0) if table.column(n).num_chunks else pa.array([], table.schema.field(n).type))
                         for n in table.column_names}
         for n, a in self._arrays.items():
@@ -103,6 +111,7 @@ def read_arrow(cursor: Any, stmt: sa.Select, key: str, key_of: Callable[[Any], A
                consumable_of: Callable[[Any], bool]) -> ArrowFetched:
     """`stmt`'s rows by an ADBC PostgreSQL `cursor` (its values written into the statement: the
     callers' are integers and the statement's own names)."""
-    sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+    # Named parameters: a `%` in a quoted name is not doubled as pyformat's escape.
+    sql = str(stmt.compile(dialect=postgresql.dialect(paramstyle="named"), compile_kwargs={"literal_binds": True}))
     cursor.execute(sql)
     return ArrowFetched(cursor.fetch_arrow_table(), key, key_of, consumable, consumable_of)

@@ -105,12 +105,13 @@ class ReadAhead:
         with self.engine.connect() as conn, conn.begin():
             return read(conn)
 
-    def start_keys(self, source: Source, keys: Callable[[sa.Connection], list[Any]],
-                   columns: Callable[[Any], Any] | None = None) -> None:
+    def start_keys(self, source: Source, keys: Callable[[sa.Connection], list[Any]]) -> None:
         """Fetches the rows of a scan `source`'s next batch in a thread, as `start` reads a
-        monotonic one's: `keys(conn)` says which (the walk on, the reserve's next)."""
+        monotonic one's: `keys(conn)` says which (the walk on). Rows only: a BizTalk drain
+        whose read-ahead made the lane's columns too, beside the pass's write, was no faster and
+        spent a fifth more Python (docs/benchmarks.md)."""
         if source.cursor == "scan":
-            self._start(source, None, lambda: self._on_connection(lambda conn: _keyed(source, conn, keys(conn))), columns, True)
+            self._start(source, None, lambda: self._on_connection(lambda conn: _keyed(source, conn, keys(conn))), None, True)
 
     def _start(self, source: Source, want: Any, read_rows: Callable[[], tuple[Any, Any]],
                columns: Callable[[Any], Any] | None, at_write: bool) -> None:

@@ -55,13 +55,13 @@ def test_a_biztalk_drain_takes_each_read_ahead_and_writes_what_it_wrote_without(
         bt: BizTalk, tmp_path: Path, pg_server: str, pg_schema2: str) -> None:
     _publish(bt, 23)
     runner = bt.runner()
-    runner.lane_min_rows = 1  # the columnar lane at 5 rows, so that columns are made ahead too
+    runner.lane_min_rows = 1  # the columnar lane at 5 rows: it makes its own columns of rows read ahead
     done = _drain(runner)
     # Four passes walk on after the last; the fifth finds the end, and the last walks from the first key.
     assert [p.read for p in done] == [5, 5, 5, 5, 3, 0]
     _once(bt, 23)
-    # Passes 2 to 5 fetched nothing themselves, and their lanes took the columns made with the rows.
-    assert runner.read_ahead.taken == 4 and runner.read_ahead.columns_taken == 4
+    # Passes 2 to 5 fetched nothing themselves; a scan's read-ahead makes no columns.
+    assert runner.read_ahead.taken == 4 and runner.read_ahead.columns_taken == 0
 
     # The same store drained by a runner that never reads ahead: the same transport rows, byte for byte.
     (tmp_path / "off").mkdir()

@@ -24,6 +24,8 @@ from bridge.timefmt import LocalClock, utcnow, zone
 
 STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}
 CONSUMABLE = ("I", "R", "F")
+# A read's key column and how a key is made of it, its consumable-flag column and how the flag is (Fetched's).
+_ROW_SHAPE = ("id", int, "subqueue", CONSUMABLE.__contains__)
 PLAIN_STATES = {"I": "ready", "R": "delayed", "F": "failed", "X": "processed"}  # rows the fast lane takes (NGinnSource.plain)
 _TEXT_OR_NULL = (str, type(None))
 SUBSCRIPTION_TABLES = ("NGMB_Subscriptions", "NGinnMessageBus_Subscriptions")
@@ -72,24 +74,25 @@ class NGinnSource(Source):
         return stmt
 
     def _rows(self, result: sa.CursorResult) -> Fetched:
-        return fetched(result, "id", int, "subqueue", CONSUMABLE.__contains__)
+        return fetched(result, *_ROW_SHAPE)
 
-    def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
-                    upto: int | None = None) -> Fetched:
+    def _after(self, after: int | None, limit: int, lock: bool, upto: int | None = None) -> sa.Select:
         stmt = self._select(lock).limit(limit)
         if after is not None:
             stmt = stmt.where(self.table.c.id > after)
         if upto is not None:
             stmt = stmt.where(self.table.c.id <= upto)
-        return self._rows(conn.execute(stmt))
+        return stmt
+
+    def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
+                    upto: int | None = None) -> Fetched:
+        return self._rows(conn.execute(self._after(after, limit, lock, upto)))
 
     def fetch_after_arrow(self, cursor: Any, after: int | None, limit: int) -> Fetched:
         """Copy mode's fetch_after by an ADBC PostgreSQL cursor, as Arrow columns (a read-ahead's)."""
-        stmt = self._select(False).limit(limit)
         from bridge.sources.arrow_fetched import read_arrow  # Arrow is imported on a read-ahead's first batch
 
-        return read_arrow(cursor, stmt if after is None else stmt.where(self.table.c.id > after),
-                          "id", int, "subqueue", CONSUMABLE.__contains__)
+        return read_arrow(cursor, self._after(after, limit, False), *_ROW_SHAPE)
 
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> Sequence[SourceRow]:
         c = self.table.c.id

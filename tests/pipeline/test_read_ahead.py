@@ -22,9 +22,10 @@ from bridge.pipeline.loop import PassStats
 QUEUE = "MQueue1"
 
 
-def _drain(runner: Any, **kwargs: Any) -> list[PassStats]:
+def _drain(runner: Any, queue: str = QUEUE, **kwargs: Any) -> list[PassStats]:
+    """Each pass's stats of a drain of `queue`."""
     passes: list[PassStats] = []
-    runner.drain(QUEUE, passes.append, **kwargs)
+    runner.drain(queue, passes.append, **kwargs)
     return passes
 
 

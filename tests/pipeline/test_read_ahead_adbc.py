@@ -7,24 +7,32 @@ closes its connection."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from bridge.pipeline.loop import PassStats
 from bridge.sources.arrow_fetched import ArrowFetched, NotArrow
 from bridge.sources.fetched import Fetched, joined
-from tests.pipeline.test_read_ahead import _delivered_once, _in_read_ahead
+from tests.pipeline.test_read_ahead import _delivered_once, _drain, _in_read_ahead
 
 QUEUE = "MQueue1"
 
 
-def _drain(runner: Any, **kwargs: Any) -> list[PassStats]:
-    passes: list[PassStats] = []
-    runner.drain(QUEUE, passes.append, **kwargs)
-    return passes
+@contextmanager
+def adbc_cursor(b: Any) -> Iterator[Any]:
+    """A cursor of ADBC's PostgreSQL driver on `b`'s legacy database, closed after."""
+    import adbc_driver_postgresql.dbapi as adbc
+
+    with adbc.connect(b.source.url.set(drivername="postgresql").render_as_string(hide_password=False)) as a:
+        cursor = a.cursor()
+        try:
+            yield cursor
+        finally:
+            cursor.close()
 
 
 def _odd_rows(b: Any) -> list[dict[str, Any]]:
@@ -46,14 +54,10 @@ def test_arrow_rows_hold_what_psycopg_rows_hold(make) -> None:
     b.insert(_odd_rows(b))
     runner = b.runner()
     source = runner.sources[QUEUE]
-    import adbc_driver_postgresql.dbapi as adbc
-
     with b.source.connect() as conn:
         by_psycopg = source.fetch_after(conn, None, 100, False)
-    with adbc.connect(b.source.url.set(drivername="postgresql").render_as_string(hide_password=False)) as a:
-        cursor = a.cursor()
+    with adbc_cursor(b) as cursor:
         by_arrow = source.fetch_after_arrow(cursor, None, 100)
-        cursor.close()
     assert isinstance(by_arrow, ArrowFetched) and isinstance(by_psycopg, Fetched) and len(by_arrow) == len(by_psycopg) == 20
     assert by_arrow.keys == by_psycopg.keys and by_arrow.consumable == by_psycopg.consumable
     for mine, theirs in zip(by_arrow, by_psycopg):  # the first rows from the arrays, the rest from whole columns
@@ -72,13 +76,8 @@ def test_a_time_python_cannot_hold_is_no_arrow_batch(make) -> None:
     with b.source.begin() as conn:
         conn.execute(t.update().where(t.c.id == 2).values(retry_time=sa.text("'infinity'::timestamp")))
     runner = b.runner()
-    import adbc_driver_postgresql.dbapi as adbc
-
-    with adbc.connect(b.source.url.set(drivername="postgresql").render_as_string(hide_password=False)) as a:
-        cursor = a.cursor()
-        with pytest.raises(NotArrow, match="retry_time holds a time outside") as e:
-            runner.sources[QUEUE].fetch_after_arrow(cursor, None, 10)
-        cursor.close()
+    with adbc_cursor(b) as cursor, pytest.raises(NotArrow, match="retry_time holds a time outside") as e:
+        runner.sources[QUEUE].fetch_after_arrow(cursor, None, 10)
     assert not e.value.lasting  # the next batch may be read so
 
 

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from bridge.pipeline import passes, read_ahead
 from bridge.pipeline.loop import PassStats
+from tests.pipeline.test_read_ahead import _drain as drain_of
 from tests.pipeline.test_read_ahead import _in_read_ahead
 from tests.systems.test_biztalk_source import MAPPING, SMALL, BizTalk, fx, make_bt
 from tests.systems.test_openjms_source import Jms, make_jms
@@ -36,9 +37,7 @@ def _publish(bt: BizTalk, n: int) -> None:
 
 
 def _drain(runner: Any, queue: str = HOST, **kwargs: Any) -> list[PassStats]:
-    done: list[PassStats] = []
-    runner.drain(queue, done.append, **kwargs)
-    return done
+    return drain_of(runner, queue, **kwargs)
 
 
 def _once(b: Any, n: int) -> None:

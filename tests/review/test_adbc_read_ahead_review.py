@@ -36,12 +36,9 @@ from bridge.pipeline.arrow_reads import ArrowReads
 from bridge.sources.arrow_fetched import _HIGHEST, ArrowFetched, NotArrow
 from bridge.sources.fetched import Fetched, joined
 from tests.pipeline.test_read_ahead import _delivered_once
+from tests.pipeline.test_read_ahead_adbc import adbc_cursor
 
 QUEUE = "MQueue1"
-
-
-def _libpq(b: Any) -> str:
-    return b.source.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @pytest.fixture()
@@ -242,18 +239,11 @@ def test_a_time_in_year_10000_is_no_arrow_batch(make) -> None:
     with b.source.begin() as conn:
         conn.execute(t.update().where(t.c.id == 2).values(last_processed=sa.text("'10000-01-01 00:00:00.5'::timestamp")))
     runner = b.runner()
-    import adbc_driver_postgresql.dbapi as adbc
-
     with b.source.connect() as conn, pytest.raises(sa.exc.DataError, match="after year 10K"):
         runner.sources[QUEUE].fetch_after(conn, None, 10, False)  # psycopg refuses the batch
-    with adbc.connect(_libpq(b)) as a:
-        cursor = a.cursor()
-        try:
-            with pytest.raises(NotArrow):
-                rows = runner.sources[QUEUE].fetch_after_arrow(cursor, None, 10)
-                [r.values for r in rows]
-        finally:
-            cursor.close()
+    with adbc_cursor(b) as cursor, pytest.raises(NotArrow):
+        rows = runner.sources[QUEUE].fetch_after_arrow(cursor, None, 10)
+        [r.values for r in rows]
 
 
 @pytest.mark.parametrize("kind, value", [("oid", "3000000000"), ("money", "5")])
@@ -265,19 +255,13 @@ def test_arrow_rows_hold_what_psycopg_rows_hold_or_are_no_arrow_batch(make, kind
                              f'USING retry_count::text::{kind}'))
         conn.execute(sa.text(f'UPDATE "{b.source_schema}"."{QUEUE}" SET retry_count = {value}::{kind} WHERE id = 2'))
     source = b.runner().sources[QUEUE]
-    import adbc_driver_postgresql.dbapi as adbc
-
-
     with b.source.connect() as conn:
         by_psycopg = [r.values["retry_count"] for r in source.fetch_after(conn, None, 10, False)]
-    with adbc.connect(_libpq(b)) as a:
-        cursor = a.cursor()
+    with adbc_cursor(b) as cursor:
         try:
             by_arrow = [r.values["retry_count"] for r in source.fetch_after_arrow(cursor, None, 10)]
         except NotArrow:
             return  # the guard caught it: the pass reads by psycopg
-        finally:
-            cursor.close()
     assert by_arrow == by_psycopg
 
 

@@ -87,11 +87,13 @@ def lane(runner: Batch, source: Source, rows: Sequence[SourceRow], keys: Sequenc
     with _collector_paused():
         try:
             # Made with the rows by a read-ahead, while the last pass committed, when the lane takes every row.
-            cols = runner.read_ahead.columns(source.queue, rows) if len(take) == len(rows) else NOT_MADE
+            made = runner.read_ahead.columns(source.queue, rows) if len(take) == len(rows) else NOT_MADE
+            cols, done = (NOT_MADE, NOT_MADE) if made is NOT_MADE else made
             if cols is NOT_MADE:
                 cols = source.plain_columns(rows, take, message_ids(source.system, runner.database, source.queue,
                                                                     [keys[i] for i in take]))
-            done = None if cols is None else runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
+            if done is NOT_MADE:
+                done = None if cols is None else _target_columns(runner, source, cols)
         except Exception:  # a row the lane misjudged must not stop the queue: the per-row lanes settle it
             reported = runner.__dict__.setdefault("_lane_failures", set())
             # Once per queue and process with its trace (a queue whose rows trip it would say so per batch).
@@ -123,8 +125,15 @@ def lane(runner: Batch, source: Source, rows: Sequence[SourceRow], keys: Sequenc
 
 
 def ahead_columns(runner: Batch, source: Source, rows: Sequence[SourceRow]) -> Any:
-    """The lane's source columns of every row of a batch read ahead (pipeline/read_ahead.py), made
-    as `lane` makes them when the ledger knows none of the rows; NOT_MADE where it would take none."""
+    """The lane's columns of every row of a batch read ahead (pipeline/read_ahead.py), made as
+    `lane` makes them when the ledger knows none of the rows: (the source's columns, what the
+    target made of them, or NOT_MADE where a mapping's rules leave it to the pass), or NOT_MADE
+    where the lane would take none.
+
+    The target's part is the group examples' envelopes and the rows' header texts: a function of
+    the columns and the runner's mapping, which a reload does not change under a runner (it
+    builds another). Not with rules: a [[ttbr]] rule's expiry counts from when its envelope is
+    made, which is the pass's own time, not the read-ahead's."""
     if not takes_columns(runner, source):
         return NOT_MADE
     keys = ledger_keys(source, rows)
@@ -132,7 +141,14 @@ def ahead_columns(runner: Batch, source: Source, rows: Sequence[SourceRow]) -> A
         return NOT_MADE
     _one_thread()
     with _collector_paused():  # the lane's own batch is not running: it ends before its write
-        return source.plain_columns(rows, range(len(rows)), message_ids(source.system, runner.database, source.queue, keys))
+        cols = source.plain_columns(rows, range(len(rows)), message_ids(source.system, runner.database, source.queue, keys))
+        if cols is None or runner.mapping.has_rules:
+            return cols, NOT_MADE
+        return cols, _target_columns(runner, source, cols)
+
+
+def _target_columns(runner: Batch, source: Source, cols: Any) -> Any:
+    return runner.target.plain_columns(cols, getattr(source, "translated_headers", frozenset()))
 
 
 def _least(runner: Batch, source: Source) -> int:

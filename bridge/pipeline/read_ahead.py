@@ -59,7 +59,7 @@ class Ahead:
     read: threading.Event = field(default_factory=threading.Event)  # its rows are read, its connection let go
     go: threading.Event = field(default_factory=threading.Event)  # the pass is writing: make the columns now
     rows: Any = None
-    columns: Any = NOT_MADE  # the columnar lane's source columns of every row, made ahead too
+    columns: Any = NOT_MADE  # the columnar lane's columns of every row (pipeline/columnar.ahead_columns), made ahead too
     error: BaseException | None = None
     cancelled: bool = False  # no pass will take it: its columns are not begun (or, begun, dropped)
 
@@ -93,7 +93,7 @@ class ReadAhead:
     def start(self, source: Source, after: int, limit: int, columns: Callable[[Any], Any] | None = None) -> None:
         """Reads a monotonic `source`'s next `limit` rows after `after` in a thread, when a drain
         passes over its queue (one a queue: an earlier one not taken is dropped); `columns(rows)`,
-        when given, makes the lane's source columns of them there too (NOT_MADE where it makes none)."""
+        when given, makes the lane's columns of them there too (NOT_MADE where it makes none)."""
         if source.cursor == "monotonic":
             self._start(source, (after, limit), lambda: ((after, limit), self._after(source, after, limit)), columns, False)
 
@@ -180,7 +180,7 @@ class ReadAhead:
         return ahead.rows
 
     def columns(self, queue: str, rows: Any) -> Any:
-        """The lane's source columns of every row of `rows`, made ahead with them, or NOT_MADE."""
+        """The lane's columns of every row of `rows`, made ahead with them (columnar.ahead_columns), or NOT_MADE."""
         made = self._columns.pop(queue, None)
         if made is None or made[0] is not rows:
             return NOT_MADE

@@ -60,6 +60,20 @@ def _sizes_each_pass(runner: Any, sizes: list[int]) -> None:
     runner.pressure.room = lambda: 1
 
 
+def _target_columns_in_pass(runner: Any) -> list[int]:
+    """The rows of each batch whose target columns a pass made itself (on the main thread)."""
+    made: list[int] = []
+    real = runner.target.plain_columns
+
+    def plain_columns(cols: Any, translated: Any) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            made.append(len(cols.keys))
+        return real(cols, translated)
+
+    runner.target.plain_columns = plain_columns
+    return made
+
+
 def _target_rows(b: Bridge) -> list[tuple[Any, ...]]:
     """Each transport row's headers and body (its own id is made as it is written)."""
     return sorted((r["headers"]["NServiceBus.MessageId"], r["headers"], bytes(r["body"])) for r in b.rows("Orders"))
@@ -71,12 +85,15 @@ def test_a_drain_takes_each_read_ahead_and_writes_what_it_wrote_without(make, tm
     b.insert(b.ready(55))
     runner = b.runner()
     runner.lane_min_rows = 1  # the columnar lane at 10 rows, so that columns are made ahead too
+    in_pass = _target_columns_in_pass(runner)
     passes = _drain(runner)
     assert [p.read for p in passes] == [10, 10, 10, 10, 10, 5]
     _delivered_once(b, 55)
-    # Passes 2 to 6 read nothing themselves, and their lanes took the columns made with the rows.
+    # Passes 2 to 6 read nothing themselves, and their lanes took the columns made with the rows,
+    # the target's (the header texts) too: only pass 1 made its own.
     assert runner.read_ahead.taken == 5
     assert runner.read_ahead.columns_taken == 5
+    assert in_pass == [10]
     assert runner.read_ahead.arrow.reads == 5  # by ADBC, as Arrow columns (bridge/pipeline/arrow_reads.py)
 
     # The same rows by a drain that never reads ahead: the same transport rows, byte for byte.
@@ -304,3 +321,20 @@ def test_a_read_ahead_no_pass_takes_holds_no_pass_up_with_its_columns(make, monk
     assert time.monotonic() - began < len(passes), "passes waited for columns nobody takes (2 s each)"
     assert runner.read_ahead.taken == 0 and runner.read_ahead.columns_taken == 0
     _delivered_once(b, 60)
+
+
+def test_with_rules_a_pass_makes_its_target_columns_itself(make) -> None:
+    """A [[ttbr]] rule's expiry counts from when the envelope is made: with rules, the read-ahead
+    makes the source's columns only, and each pass the target's, at its own time."""
+    from helpers import MAPPING
+
+    b = make(batch_size=10, mapping=MAPPING + "\n[[routes.rules]]\nwhen = 'headers.Tenant == \"zz\"'\nto = 'Billing'\n")
+    b.insert(b.ready(35))
+    runner = b.runner()
+    runner.lane_min_rows = 1
+    in_pass = _target_columns_in_pass(runner)
+    passes = _drain(runner)
+    assert [p.read for p in passes] == [10, 10, 10, 5]
+    assert runner.read_ahead.columns_taken == 3
+    assert in_pass == [10, 10, 10, 5]
+    _delivered_once(b, 35)

@@ -22,12 +22,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mssql
 
 from bridge.targets.bulk import insert_values
 from bridge.timefmt import naive_utc, utcnow
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RANGES = "qbridge_ledger_ranges"
 SHIFT = 10  # 1,024 keys a block
@@ -111,13 +115,19 @@ class Ranges:
                         break
         return out
 
-    def mark(self, conn: sa.Connection, origin: int, outcomes: Iterable[tuple[int, str]], merge: bool = False) -> None:
-        """Sets the bits of (key, outcome) in the caller's transaction. Refuses with
+    def mark(self, conn: sa.Connection, origin: int, outcomes: Iterable[tuple[int, str]], merge: bool = False,
+             arrays: Iterable[tuple[np.ndarray, str]] = ()) -> None:
+        """Sets the bits of (key, outcome), and of each key of (keys, outcome) in `arrays` (the
+        columnar lane's, bridge.ledger.lane_entries), in the caller's transaction. Refuses with
         AlreadyRecorded when a key has a bit already, unless `merge` (init folding per-message
         entries in: a key with a bit keeps it)."""
         new: dict[int, list[int]] = defaultdict(lambda: [0] * len(OUTCOMES))
         for key, outcome in outcomes:
             new[key >> SHIFT][OUTCOMES.index(outcome)] |= 1 << (key & MASK)
+        for keys, outcome in arrays:
+            at = OUTCOMES.index(outcome)
+            for block, set_bits in block_bits(keys):
+                new[block][at] |= set_bits
         if not new:
             return
         blocks = sorted(new)
@@ -175,6 +185,21 @@ class Ranges:
             if len(page) < CHUNK:
                 return
             after = page[-1][0]
+
+
+def block_bits(keys: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(block, the bits of `keys` in it) of each block `keys` (integers, int64) fall in: the bits
+    a key at a time would set, made a block at a time."""
+    import numpy as np  # only a lane's batch has arrays; the commands that make none do without numpy
+
+    if not len(keys):
+        return
+    blocks, at = np.unique(keys >> SHIFT, return_inverse=True)
+    plane = np.zeros((len(blocks), BLOCK_KEYS), dtype=bool)
+    plane[at, keys & MASK] = True
+    packed = np.packbits(plane, axis=1, bitorder="little")
+    for block, row in zip(blocks.tolist(), packed):
+        yield block, int.from_bytes(row.tobytes(), "little")
 
 
 def _any(bits: Sequence[int]) -> int:

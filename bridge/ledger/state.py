@@ -23,6 +23,7 @@ from bridge.ledger.fence import jobs_table
 from bridge.ledger.gaps import Gap
 from bridge.ledger.inflight import Inflight, inflight_table
 from bridge.ledger.job_state import job_state_table
+from bridge.ledger.lane_entries import LaneEntries
 from bridge.ledger.quarantine_rows import QuarantineFilter
 from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
@@ -318,24 +319,29 @@ class State:
     def _entries(self, conn: sa.Connection, origin: int, keys: Sequence[str]) -> dict[str, str]:
         return ledger_lookup.entries(conn, self.ledger, origin, keys)
 
-    def record(self, conn: sa.Connection, job: str, queue: str, origin: int, entries: Sequence[LedgerEntry],
+    def record(self, conn: sa.Connection, job: str, queue: str, origin: int, entries: Sequence[LedgerEntry] | LaneEntries,
                quarantined: Sequence[Quarantined], ranged: bool = False) -> None:
-        """A batch's outcomes, in the caller's transaction. `ranged`: delivered and skipped keys
-        become bits of the range ledger; AlreadyRecorded (as a duplicate entry would raise an
-        IntegrityError) when another writer recorded one of them first."""
+        """A batch's outcomes, in the caller's transaction (a lane's as columns: LaneEntries).
+        `ranged`: delivered and skipped keys become bits of the range ledger; AlreadyRecorded (as a
+        duplicate entry would raise an IntegrityError) when another writer recorded one of them first."""
         now = naive_utc(utcnow())
         if entries:
-            each = entries
+            lane = entries if isinstance(entries, LaneEntries) else None
+            each = entries if lane is None else lane.rest
             if ranged:  # every outcome a bit; a quarantined message also an entry, for its reason
-                self.ranges.mark(conn, origin, ((int(e.source_key), e.outcome) for e in entries))
-                each = [e for e in entries if e.outcome == "quarantined"]
+                self.ranges.mark(conn, origin, ((int(e.source_key), e.outcome) for e in each),
+                                 arrays=() if lane is None else lane.bits())
+                each, lane = [e for e in each if e.outcome == "quarantined"], None  # the lane quarantines none
             def ledger_rows(text: Callable[[str], str]) -> list[tuple[Any, ...]]:
-                return [(origin, e.source_key, str(e.message_id), job, queue, e.outcome, e.target,
+                rows = [(origin, e.source_key, str(e.message_id), job, queue, e.outcome, e.target,
                          (e.reason or None) and text(e.reason)[:500], now) for e in each]
+                return rows if lane is None else lane.ledger_rows(origin, job, queue, now, text) + rows
 
+            not_ascii = any(e.reason and not e.reason.isascii() for e in each)
             insert_in_any_charset(conn, lambda text: insert_values(conn, self.ledger, LEDGER_COLUMNS, ledger_rows(text)),
-                            any(e.reason and not e.reason.isascii() for e in each))
-            self.totals.add(conn, job, queue, origin, batch_counts(entries))
+                                  not_ascii or (lane is not None and lane.has_reason(lambda r: not r.isascii())))
+            self.totals.add(conn, job, queue, origin,
+                            entries.counts() if isinstance(entries, LaneEntries) else batch_counts(entries))
         if quarantined:
             def quarantine_rows(text: Callable[[str], str]) -> list[dict[str, Any]]:
                 return [{"message_id": str(q.message_id), "job": job, "queue": queue, "source_key": q.source_key,

@@ -17,6 +17,7 @@ from sqlalchemy import exc as sa_exc
 from bridge import faults, tracing
 from bridge.db import unique_violation
 from bridge.errors import BadRow
+from bridge.ledger.lane_entries import LaneEntries
 from bridge.ledger.ranges import AlreadyRecorded
 from bridge.ledger.state import LedgerEntry, Quarantined
 from bridge.model import PlainMessage, message_ids
@@ -70,7 +71,7 @@ class Batch(JobSetup):
 
     def _settle(self, tconn: sa.Connection, source: Source, rows: Sequence[SourceRow], lock: bool, stats: PassStats,
                 known: dict[str, str] | None, places: list[int] | None = None
-                ) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:
+                ) -> tuple[list[Any], list[LedgerEntry] | LaneEntries, list[Quarantined], list[Any]]:
         """What to write, the ledger entries, the quarantined rows and the keys to consume of a
         batch: the columnar lane's share first, where it takes one, then the per-row lanes' rest.
         The write is one LaneBatch in batch order where the lane took rows; else what `_process`
@@ -93,7 +94,7 @@ class Batch(JobSetup):
         if taken.oldest is not None:
             lag = max(0.0, (utcnow() - taken.oldest).total_seconds())
             stats.lag_seconds = max(lag, stats.lag_seconds or 0.0) if stats.delivered > before else lag
-        return [taken.write(rest_at, rest_places, outs)], taken.entries + more, quarantined, taken.consume + consumed
+        return [taken.write(rest_at, rest_places, outs)], taken.entries.with_rest(more), quarantined, taken.consume + consumed
 
     def _refusing(self, tconn: sa.Connection, source: Source, rows: Sequence[SourceRow], lock: bool, stats: PassStats,
                   known: dict[str, str] | None) -> tuple[list[Any], list[LedgerEntry], list[Quarantined], list[Any]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bridge.ledger.state import LedgerEntry
+from bridge.ledger.lane_entries import LaneEntries, LaneGroup
 from bridge.mapping import Mapping
 from bridge.model import message_ids
 from bridge.pipeline.read_ahead import NOT_MADE, ReadAhead
@@ -49,7 +49,7 @@ class Lane:
     """What the columnar lane settled of a batch: the batch's other rows are the per-row lanes'."""
 
     taken: np.ndarray  # bool, a batch row: the lane delivered or skipped it
-    entries: list[LedgerEntry]
+    entries: LaneEntries  # its rows' ledger entries, as columns
     consume: list[Any]  # the keys of its rows move mode may consume
     tables: Any  # the lane's part of the write (LaneBatch's tables)
     delivered: int
@@ -105,13 +105,9 @@ def lane(runner: Batch, source: Source, rows: Sequence[SourceRow], keys: Sequenc
     if cols is None or done is None:
         return None
     taken = np.zeros(len(rows), dtype=bool)
-    entries: list[LedgerEntry] = []
-    delivered: list[Any] = []
-    for idx, where in done.delivered:
-        entries += [LedgerEntry(cols.mids[i], cols.keys[i], "delivered", where) for i in idx.tolist()]
-        delivered.append(idx)
-    for idx, reason in done.skipped:
-        entries += [LedgerEntry(cols.mids[i], cols.keys[i], "skipped", None, reason) for i in idx.tolist()]
+    delivered = [idx for idx, _ in done.delivered]
+    entries = LaneEntries(cols.mids, cols.keys, [LaneGroup(idx, "delivered", where) for idx, where in done.delivered]
+                          + [LaneGroup(idx, "skipped", None, reason) for idx, reason in done.skipped])
     consume: list[Any] = []
     row_keys, consumable = keys_of(rows), consumable_of(rows)
     for idx in [*delivered, *(i for i, _ in done.skipped)]:

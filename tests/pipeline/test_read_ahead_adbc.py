@@ -151,3 +151,33 @@ def test_a_drain_closes_its_adbc_connection(make, pg_schema: str) -> None:
     with b.source.connect() as conn:
         assert conn.execute(adbc_sessions, its_reads).scalar_one() == 0
     assert not [t for t in threading.enumerate() if t.name.startswith("qbridge-read-ahead") and t not in before]
+
+
+def test_a_fresh_process_has_arrow_imported_before_its_first_read_ahead_begins(make) -> None:
+    """Two threads importing pyarrow at once can see it half made ("cannot import name 'BuildInfo'
+    from partially initialized module 'pyarrow.lib'"): a fresh `sync --once` failed its first pass
+    so, now and then, its read-ahead importing Arrow and ADBC while the pass's lane imported Arrow.
+    So the thread that starts a read-ahead imports them first, and the read-ahead's thread never
+    imports them for the first time."""
+    import subprocess
+    import sys
+
+    b = make(batch_size=10)
+    b.insert(b.ready(25))
+    script = (
+        "import sys, threading\n"
+        "seen = []\n"
+        "real = threading.Thread.start\n"
+        "def start(self):\n"
+        "    if self.name.startswith('qbridge-read-ahead'):\n"
+        "        seen.append(sorted(m for m in ('pyarrow', 'pyarrow.compute', 'adbc_driver_postgresql.dbapi') if m not in sys.modules))\n"
+        "    return real(self)\n"
+        "threading.Thread.start = start\n"
+        "from bridge.commands.main import main\n"
+        "rc = main(['sync', '--once', '-c', sys.argv[1]])\n"
+        "print('MISSING', seen)\n"
+        "sys.exit(rc)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(b.config)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "MISSING [[], []]" in done.stdout, done.stdout
+    assert b.count("Orders") == 25

@@ -189,17 +189,22 @@ class Ranges:
 
 def block_bits(keys: np.ndarray) -> Iterator[tuple[int, int]]:
     """(block, the bits of `keys` in it) of each block `keys` (integers, int64) fall in: the bits
-    a key at a time would set, made a block at a time."""
+    a key at a time would set, made 64 at a time (a word's keys OR-ed together by numpy), in
+    memory proportional to the keys, however sparse."""
     import numpy as np  # only a lane's batch has arrays; the commands that make none do without numpy
 
     if not len(keys):
         return
-    blocks, at = np.unique(keys >> SHIFT, return_inverse=True)
-    plane = np.zeros((len(blocks), BLOCK_KEYS), dtype=bool)
-    plane[at, keys & MASK] = True
-    packed = np.packbits(plane, axis=1, bitorder="little")
-    for block, row in zip(blocks.tolist(), packed):
-        yield block, int.from_bytes(row.tobytes(), "little")
+    keys = np.asarray(keys, dtype=np.int64)
+    words = keys >> 6  # a block is 16 words of 64 keys
+    order = np.argsort(words, kind="stable")
+    words = words[order]
+    ones = np.left_shift(np.uint64(1), (keys[order] & 63).astype(np.uint64))
+    starts = np.flatnonzero(np.r_[True, words[1:] != words[:-1]])
+    out: dict[int, int] = {}
+    for word, bits in zip(words[starts].tolist(), np.bitwise_or.reduceat(ones, starts).tolist()):
+        out[word >> 4] = out.get(word >> 4, 0) | bits << (64 * (word & 15))
+    yield from out.items()
 
 
 def _any(bits: Sequence[int]) -> int:

@@ -103,8 +103,6 @@ class TargetWriter:
         import numpy as np
         import pyarrow as pa
 
-        from bridge.sources.columns import taken
-
         utc, naive = pa.timestamp("us", "UTC"), pa.timestamp("us")
         parent = self._traceparent()
         parts: dict[tuple[str, str], list[TableColumns]] = {}
@@ -116,13 +114,15 @@ class TargetWriter:
         for kind, queue in dict.fromkeys([*parts, *singles]):
             lane, rows = parts.get((kind, queue), []), singles.get((kind, queue), [])
             positions = np.concatenate([t.positions for t in lane] + [np.array([at for at, _ in rows], dtype=np.int64)])
-            headers = pa.concat_arrays([t.headers for t in lane] + [pa.array([headers_json(o.headers) for _, o in rows], pa.string())])
-            bodies = pa.concat_arrays([t.bodies for t in lane] + [pa.array([o.body for _, o in rows], pa.binary())])
-            expires = pa.concat_arrays([pa.array([naive_utc(t.expires)] * len(t.positions), naive) if t.expires else
-                                        pa.nulls(len(t.positions), naive) for t in lane]
-                                       + [pa.array([naive_utc(o.expires) for _, o in rows], naive)])
-            dues = pa.concat_arrays([t.due if t.due is not None else pa.nulls(len(t.positions), utc) for t in lane]
-                                    + [pa.array([o.due for _, o in rows], utc)])
+            # Each column's parts as one chunked array: the take into batch order below copies
+            # them once (a concatenation first would copy every header and body twice).
+            headers = _parts([t.headers for t in lane], pa.array([headers_json(o.headers) for _, o in rows], pa.string()) if rows else None)
+            bodies = _parts([t.bodies for t in lane], pa.array([o.body for _, o in rows], pa.binary()) if rows else None)
+            expires = _parts([pa.array([naive_utc(t.expires)] * len(t.positions), naive) if t.expires else
+                              pa.nulls(len(t.positions), naive) for t in lane],
+                             pa.array([naive_utc(o.expires) for _, o in rows], naive) if rows else None)
+            dues = _parts([t.due if t.due is not None else pa.nulls(len(t.positions), utc) for t in lane],
+                          pa.array([o.due for _, o in rows], utc) if rows else None)
             if parent:  # the same header, added to the JSON text column by column
                 import pyarrow.compute as pc
 
@@ -140,7 +140,7 @@ class TargetWriter:
                 else:
                     headers = traced
             order = np.argsort(positions, kind="stable")
-            self._write_columns(conn, kind, queue, *(taken(a, order) for a in (headers, bodies, expires, dues)))
+            self._write_columns(conn, kind, queue, *(_in_order(a, order) for a in (headers, bodies, expires, dues)))
 
     def _write_columns(self, conn: sa.Connection, kind: str, queue: str, headers: pa.Array, bodies: pa.Array,
                        expires: pa.Array, dues: pa.Array) -> None:
@@ -184,3 +184,21 @@ class LaneBatch:
 
     tables: list[TableColumns] = field(default_factory=list)
     outs: list[tuple[int, Outgoing]] = field(default_factory=list)
+
+
+def _parts(lane: list[Any], rest: Any) -> Any:
+    """A column's lane parts and the per-row lanes' part (`rest`, None when they wrote none) as
+    one array, or one chunked array where there are several."""
+    import pyarrow as pa
+
+    parts = lane if rest is None else [*lane, rest]
+    return parts[0] if len(parts) == 1 else pa.chunked_array(parts)
+
+
+def _in_order(a: Any, order: Any) -> Any:
+    """`a` (an array or a chunked array) taken in `order`, as one array."""
+    from bridge.sources.columns import taken
+
+    if hasattr(a, "num_chunks"):
+        return a.take(order).combine_chunks()
+    return taken(a, order)

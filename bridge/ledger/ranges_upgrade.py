@@ -13,9 +13,10 @@ name: the ledger does not say which system such a queue is, and an NGinn queue's
 would be unseen by a Spark unit that trusts the bits (its messages delivered again).
 
 A range ledger in place proves no fold either (a DBA may create it from `--print-sql`'s DDL, or
-a fold may have left a queue out): a queue whose delivered or skipped entries have no bit is
-`unfolded`, which every command refuses (`JobSetup.check_ledger`) and `init` folds in place. A
-replayed or discarded quarantined message's entry has its bit ("quarantined"), and stays.
+a fold may have left a queue out, or been cut off before its quarantined entries' bits): a queue
+with an entry that has no bit, whatever its outcome, is `unfolded`, which every command refuses
+(`JobSetup.check_ledger`) and `init` folds in place. A replayed or discarded quarantined message's
+entry has its bit ("quarantined"), and stays.
 """
 
 from __future__ import annotations
@@ -97,12 +98,15 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
 
 
 def unfolded(conn: sa.Connection, state: State, origin: int) -> bool:
-    """Whether a delivered or skipped entry of the queue `origin` names has no bit in the range
-    ledger in place (entries with a bit are replayed or discarded quarantined messages, few)."""
+    """Whether an entry of the queue `origin` names has no bit in the range ledger in place. Every
+    entry counts: a quarantined one gets its bit in a fold's last step, and a fold cut off before it
+    (or never begun for a queue whose entries are all quarantined) would leave it without one,
+    unseen by a pass that finds its known keys by the bits alone. Folded, the entries left are
+    quarantined messages, replayed or not: few."""
     l = state.ledger
     after = None
     while True:
-        stmt = sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome.in_(FOLDED)).order_by(l.c.source_key)
+        stmt = sa.select(l.c.source_key).where(l.c.origin == origin).order_by(l.c.source_key)
         if after is not None:
             stmt = stmt.where(l.c.source_key > after)
         keys = conn.execute(stmt.limit(CHUNK)).scalars().all()

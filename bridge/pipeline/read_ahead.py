@@ -41,6 +41,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bridge.pipeline.arrow_reads import ArrowReads
+from bridge.pipeline.lane_imports import import_lane_modules
 from bridge.sources import Source
 
 log = logging.getLogger("qbridge.batch")
@@ -119,7 +120,7 @@ class ReadAhead:
             return
         self._stop(source.queue)
         if not at_write:  # a monotonic read-ahead reads by ADBC into Arrow, and makes the lane's columns
-            _import_arrow()
+            import_lane_modules()
         ahead = Ahead(want)
 
         def read() -> None:
@@ -214,20 +215,6 @@ class ReadAhead:
         ahead = self._ahead.get(queue)
         if ahead is not None:
             ahead.go.set()
-
-
-def _import_arrow() -> None:
-    """Imports Arrow and ADBC's driver, as a read-ahead's thread would, in the thread that starts
-    it: two threads importing pyarrow at once can see it half made ("cannot import name ... from
-    partially initialized module 'pyarrow.lib'"), which now and then failed a fresh process's
-    first pass, its lane importing Arrow while its read-ahead did."""
-    import pyarrow
-    import pyarrow.compute  # noqa: F401
-
-    try:
-        import adbc_driver_postgresql.dbapi  # noqa: F401
-    except ImportError:  # ArrowReads says so, and the read-aheads read through SQLAlchemy
-        pass
 
 
 def _keyed(source: Source, conn: sa.Connection, keys: list[Any]) -> tuple[list[Any], Any]:

@@ -26,6 +26,7 @@ from bridge.db import is_retryable, waiting_cannot_fix
 from bridge.errors import BridgeError, SetupError
 from bridge.ledger import job_state
 from bridge.ledger.joblock import IDENTITY, JobLock, LockLost
+from bridge.pipeline.lane_imports import import_lane_modules
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.loop import JobRunner
 from bridge.service.reload_diff import changes
@@ -239,6 +240,7 @@ class Scheduler:
         })
 
     def start(self) -> None:
+        import_lane_modules()  # before the first ticks run side by side, each importing them
         now = datetime.now(UTC)
         for w in self.workers:
             self.scheduler.add_job(w.tick, trigger_for(w.runner.job), id=w.name, name=w.name, next_run_time=now)

@@ -10,7 +10,9 @@ and skipped entries, so a queue's QUARANTINED entries can be left without a bit,
 entries; now it delivers such a message, and `quarantine replay` (its entry still says quarantined)
 delivers it a second time.
 
-Each test says whether it FAILS (a defect) or PASSES (a guard).
+Each test says whether it FAILED (a defect: each failed at 3e651c4 and passes since a63fe94, which
+folds a queue with any entry lacking a bit, and c98cfa0, which imports the lane's modules before a
+second thread may) or PASSES (a guard).
 """
 
 from __future__ import annotations
@@ -82,11 +84,32 @@ def _then_fixed_re_read_and_replayed(b: Any) -> list[Any]:
     return passes
 
 
+class Killed(BaseException):
+    pass
+
+
+def _init_killed_before_quarantined_bits(b: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`qbridge init` folding the queue, killed once its delivered entries are bits, before its
+    quarantined entries get theirs (a transaction of its own)."""
+
+    class KilledBeforeQuarantined(Ranges):
+        def mark(self, conn: Any, origin: int, outcomes: Any, merge: bool = False, arrays: Any = ()) -> None:
+            outcomes = list(outcomes)
+            if any(o == "quarantined" for _, o in outcomes):
+                raise Killed("init killed before the queue's quarantined entries got their bits")
+            super().mark(conn, origin, outcomes, merge, arrays)
+
+    monkeypatch.setattr(ranges_upgrade, "Ranges", KilledBeforeQuarantined)
+    with pytest.raises(Killed):
+        b.cli("init")
+    monkeypatch.undo()
+
+
 # -- 399a94b: quarantined entries without a bit ---------------------------------------------------
 
 
 def test_a_quarantined_only_queue_beside_a_dba_made_range_ledger_is_delivered_twice(make) -> None:
-    """FAILS (defect). An earlier qbridge (per-message ledger) quarantined every message of the
+    """FAILED (defect, fixed). An earlier qbridge (per-message ledger) quarantined every message of the
     queue so far (no route for their type). The DBA creates qbridge_ledger_ranges from the printed
     DDL; `qbridge init` then folds only queues with a delivered or skipped entry lacking a bit
     (`unfolded`), so these quarantined entries never get a bit, and no command refuses. The
@@ -111,7 +134,7 @@ def test_a_quarantined_only_queue_beside_a_dba_made_range_ledger_is_delivered_tw
 
 
 def test_a_fold_cut_off_before_a_queues_quarantined_bits_never_gives_them_bits(make, monkeypatch) -> None:
-    """FAILS (defect). The range ledger in place (DBA-made), `init` folds the queue: its delivered
+    """FAILED (defect, fixed). The range ledger in place (DBA-made), `init` folds the queue: its delivered
     entries become bits and are deleted chunk by chunk, then, in a transaction of its own, its
     quarantined entries get their bits. A kill between the two leaves nothing `unfolded` sees (it
     looks at delivered and skipped entries only): the next `init` does nothing, and every command
@@ -123,21 +146,7 @@ def test_a_fold_cut_off_before_a_queues_quarantined_bits_never_gives_them_bits(m
     assert b.ledger() == {"delivered": 5, "quarantined": 1}
     assert unfold_ranges(b) == 5
     _dba_creates_the_range_ledger(b)
-
-    class Killed(BaseException):
-        pass
-
-    class KilledBeforeQuarantined(Ranges):
-        def mark(self, conn: Any, origin: int, outcomes: Any, merge: bool = False, arrays: Any = ()) -> None:
-            outcomes = list(outcomes)
-            if any(o == "quarantined" for _, o in outcomes):
-                raise Killed("init killed before the queue's quarantined entries got their bits")
-            super().mark(conn, origin, outcomes, merge, arrays)
-
-    monkeypatch.setattr(ranges_upgrade, "Ranges", KilledBeforeQuarantined)
-    with pytest.raises(Killed):
-        b.cli("init")
-    monkeypatch.undo()
+    _init_killed_before_quarantined_bits(b, monkeypatch)
     assert b.cli("init") == 0  # the fold resumed (so its docstring says)
     assert b.cli("status") == 0
     ids = [int(k) for k in b.subqueues()]
@@ -146,7 +155,7 @@ def test_a_fold_cut_off_before_a_queues_quarantined_bits_never_gives_them_bits(m
 
 
 def test_after_a_cut_off_fold_the_quarantined_message_is_delivered_twice(make, monkeypatch) -> None:
-    """FAILS (defect). The consequence of the cut-off fold above: the operator routes the type, a
+    """FAILED (defect, fixed). The consequence of the cut-off fold above: the operator routes the type, a
     copy pass reads the queue again (bits_only: the quarantined key is unknown, so it is delivered;
     the five delivered ones are 'already there'), and `quarantine replay` delivers it again."""
     b = make(batch_size=10, mapping=BY_TYPE)
@@ -154,21 +163,7 @@ def test_after_a_cut_off_fold_the_quarantined_message_is_delivered_twice(make, m
     assert b.cli("sync", "--once") == 0
     assert unfold_ranges(b) == 5
     _dba_creates_the_range_ledger(b)
-
-    class Killed(BaseException):
-        pass
-
-    class KilledBeforeQuarantined(Ranges):
-        def mark(self, conn: Any, origin: int, outcomes: Any, merge: bool = False, arrays: Any = ()) -> None:
-            outcomes = list(outcomes)
-            if any(o == "quarantined" for _, o in outcomes):
-                raise Killed
-            super().mark(conn, origin, outcomes, merge, arrays)
-
-    monkeypatch.setattr(ranges_upgrade, "Ranges", KilledBeforeQuarantined)
-    with pytest.raises(Killed):
-        b.cli("init")
-    monkeypatch.undo()
+    _init_killed_before_quarantined_bits(b, monkeypatch)
     assert b.cli("init") == 0
 
     passes = _then_fixed_re_read_and_replayed(b)
@@ -282,7 +277,7 @@ sys.exit(rc)
 
 
 def test_a_read_ahead_thread_imports_the_lane_modules_first_when_the_first_batch_was_known(make) -> None:
-    """FAILS (latent; no failing interleaving found within one job). f000060 has the pass's thread
+    """FAILED (latent, fixed; no failing interleaving found within one job). f000060 has the pass's thread
     import pyarrow, pyarrow.compute and ADBC before a read-ahead starts, since two threads importing
     a package at once can see it half made. But where a fresh process's first batch is all known (a
     sync after a migration or a rollback: the lane returns before importing anything), the
@@ -320,7 +315,7 @@ sys.exit(main(['run', '-c', sys.argv[1]]))
 
 
 def test_qbridge_run_of_two_jobs_imports_arrow_first_in_a_scheduler_worker(make) -> None:
-    """FAILS (the fix is incomplete; the race itself could not be forced here). f000060 guards
+    """FAILED (the fix was incomplete, fixed; the race itself could not be forced here). f000060 guards
     against two threads importing pyarrow at once by importing it in the thread that starts a
     read-ahead. `qbridge run` runs every job's first tick at once on APScheduler's thread pool:
     with two NGinn jobs, pyarrow, pyarrow.compute and ADBC's driver are first imported by one

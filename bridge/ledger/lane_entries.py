@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bridge.ledger.ledger_entry import LedgerEntry
 from bridge.ledger.totals import batch_counts, counted
 
 __all__ = ["LaneEntries", "LaneGroup"]
@@ -46,9 +47,7 @@ class LaneEntries:
     def __len__(self) -> int:
         return sum(len(g.rows) for g in self.groups) + len(self.rest)
 
-    def __iter__(self) -> Iterator[Any]:
-        from bridge.ledger.state import LedgerEntry
-
+    def __iter__(self) -> Iterator[LedgerEntry]:
         mids, keys = self.mids, self.keys
         for g in self.groups:
             outcome, target, reason = g.outcome, g.target, g.reason

@@ -13,10 +13,11 @@ name: the ledger does not say which system such a queue is, and an NGinn queue's
 would be unseen by a Spark unit that trusts the bits (its messages delivered again).
 
 A range ledger in place proves no fold either (a DBA may create it from `--print-sql`'s DDL, or
-a fold may have left a queue out, or been cut off before its quarantined entries' bits): a queue
-with an entry that has no bit, whatever its outcome, is `unfolded`, which every command refuses
-(`JobSetup.check_ledger`) and `init` folds in place. A replayed or discarded quarantined message's
-entry has its bit ("quarantined"), and stays.
+a fold may have left a queue out, or been cut off): a queue with a delivered or skipped entry
+without a bit, or with entries and no range row, is `unfolded`, which every command refuses
+(`JobSetup.check_ledger`) and `init` folds in place. A fold gives a queue's quarantined entries
+their bits first, in one transaction, so a fold cut off anywhere leaves one of the two. A
+replayed or discarded quarantined message's entry has its bit ("quarantined"), and stays.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
     ranges, l = Ranges(table), state.ledger
     total = 0
     for origin in todo:
+        # Quarantined entries stay, with a bit each: first, all in one transaction, so that a fold
+        # cut off anywhere leaves the queue `unfolded` (its delivered or skipped entries without
+        # bits, or no range row at all) until an init finishes it.
+        with engine.begin() as conn:
+            quarantined = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars()
+            ranges.mark(conn, origin, [(int(k), "quarantined") for k in quarantined], merge=True)
         mine = (l.c.origin == origin, l.c.outcome.in_(FOLDED))
         after = None
         while True:
@@ -88,9 +95,6 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
             after = page[-1][0]
             total += len(fold)
             say(f"{connection}: folded {total:,} ledger entries of increasing keys into ranges")
-        with engine.begin() as conn:  # quarantined entries stay, with a bit each
-            quarantined = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars()
-            ranges.mark(conn, origin, [(int(k), "quarantined") for k in quarantined], merge=True)
     if fresh:
         with engine.begin() as conn:
             conn.execute(rename_sql(engine.dialect, schema, RANGES_NEW, RANGES))
@@ -98,15 +102,20 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
 
 
 def unfolded(conn: sa.Connection, state: State, origin: int) -> bool:
-    """Whether an entry of the queue `origin` names has no bit in the range ledger in place. Every
-    entry counts: a quarantined one gets its bit in a fold's last step, and a fold cut off before it
-    (or never begun for a queue whose entries are all quarantined) would leave it without one,
-    unseen by a pass that finds its known keys by the bits alone. Folded, the entries left are
-    quarantined messages, replayed or not: few."""
-    l = state.ledger
+    """Whether the queue `origin` names has entries the range ledger in place has not taken in:
+    a delivered or skipped entry without a bit (entries with one are replayed or discarded
+    quarantined messages), or entries and no range row at all (a queue whose entries are all
+    quarantined, never folded). A fold gives the quarantined entries their bits first, in one
+    transaction, so these two say whether one finished; the quarantined entries themselves,
+    which may be many, are not read (each entry a qbridge records has its bit)."""
+    l, r = state.ledger, state.ranges.table
+    mine = l.c.origin == origin
+    if conn.execute(sa.select(l.c.source_key).where(mine).limit(1)).first() is not None and \
+            conn.execute(sa.select(r.c.block).where(r.c.origin == origin).limit(1)).first() is None:
+        return True
     after = None
     while True:
-        stmt = sa.select(l.c.source_key).where(l.c.origin == origin).order_by(l.c.source_key)
+        stmt = sa.select(l.c.source_key).where(mine, l.c.outcome.in_(FOLDED)).order_by(l.c.source_key)
         if after is not None:
             stmt = stmt.where(l.c.source_key > after)
         keys = conn.execute(stmt.limit(CHUNK)).scalars().all()

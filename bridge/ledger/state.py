@@ -10,7 +10,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 import sqlalchemy as sa
@@ -24,6 +24,7 @@ from bridge.ledger.gaps import Gap
 from bridge.ledger.inflight import Inflight, inflight_table
 from bridge.ledger.job_state import job_state_table
 from bridge.ledger.lane_entries import LaneEntries
+from bridge.ledger.ledger_entry import LedgerEntry
 from bridge.ledger.quarantine_rows import QuarantineFilter
 from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
@@ -159,14 +160,6 @@ def merge_pending(pending: Sequence[Any], keys: Sequence[Any]) -> list[Any]:
             seen.add(pending_key(k))
             out.append(k)
     return out
-
-
-class LedgerEntry(NamedTuple):  # one per message: a NamedTuple is the cheapest immutable record
-    message_id: str
-    source_key: str
-    outcome: str
-    target: str | None = None
-    reason: str | None = None
 
 
 @dataclass(frozen=True)

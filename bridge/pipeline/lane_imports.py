@@ -15,21 +15,23 @@ LANE_MODULES = (
     "bridge.sources.arrow_fetched", "bridge.sources.columns", "bridge.sources.nginn_lane",
     "bridge.sources.plain_lane", "bridge.targets.envelope_columns",
 )
-DRIVERS = ("adbc_driver_postgresql.dbapi",)  # where it is missing, ArrowReads says so and reads by SQLAlchemy
+RULE_MODULES = ("bridge.targets.lane_rules", "bridge.targets.when_columns")  # a mapping's rules on the lane (~0.6 s)
+# Where one is missing or broken, its user says so: ArrowReads reads by SQLAlchemy, and the writer
+# meets pgpq's error on its first COPY, as it would without this.
+OPTIONAL = ("pgpq", "adbc_driver_postgresql.dbapi")
+_done: set[str] = set()  # "lane", and "rules" once RULE_MODULES are imported too
 
 
-_done: list[bool] = []  # once imported (a list: no `global` to keep)
-
-
-def import_lane_modules() -> None:
-    """Imports LANE_MODULES and what of DRIVERS is installed, once a process."""
-    if _done:
+def import_lane_modules(rules: bool = False) -> None:
+    """Imports LANE_MODULES, what of OPTIONAL imports, and with `rules` RULE_MODULES, once a process."""
+    want = {"lane", "rules"} if rules else {"lane"}
+    if want <= _done:
         return
-    for name in LANE_MODULES:
+    for name in (*LANE_MODULES, *(RULE_MODULES if rules else ())):
         importlib.import_module(name)
-    for name in DRIVERS:
+    for name in OPTIONAL:
         try:
             importlib.import_module(name)
-        except ImportError:
+        except Exception:  # noqa: BLE001, S110 - its user reports it (above)
             pass
-    _done.append(True)
+    _done.update(want)

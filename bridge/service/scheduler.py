@@ -240,7 +240,9 @@ class Scheduler:
         })
 
     def start(self) -> None:
-        import_lane_modules()  # before the first ticks run side by side, each importing them
+        # Before the first ticks run side by side, each importing them (two threads importing pyarrow
+        # at once can see it half made).
+        import_lane_modules(rules=any(w.runner.mapping.has_rules for w in self.workers))
         now = datetime.now(UTC)
         for w in self.workers:
             self.scheduler.add_job(w.tick, trigger_for(w.runner.job), id=w.name, name=w.name, next_run_time=now)

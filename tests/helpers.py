@@ -293,3 +293,29 @@ def promtool_path() -> str:
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+def run_two_jobs(b: Bridge, spy: str) -> str:
+    """`qbridge run` of the bridge's config split into two scheduled jobs (job1 on MQueue1, job2 on
+    MQueue2, 900 rows each, already inserted), under the Python script `spy` (given the config's
+    path); its standard output once both queues are delivered and it was stopped by SIGTERM."""
+    import signal
+    import time
+
+    text = b.config.read_text()
+    head, job = text[:text.index("[[jobs]]")], text[text.index("[[jobs]]"):]
+    both = 'queues = ["MQueue1", "MQueue2"]'
+    b.config.write_text(head + job.replace(both, 'queues = ["MQueue1"]') + 'schedule = { every = "60s" }\n'
+                        + job.replace('name     = "job1"', 'name     = "job2"').replace(both, 'queues = ["MQueue2"]')
+                        + 'schedule = { every = "60s" }\n')
+    proc = subprocess.Popen([sys.executable, "-c", spy, str(b.config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while (b.count("Orders") < 900 or b.count("Billing") < 900) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    assert len(b.message_ids("Orders")) == 900 and len(b.message_ids("Billing")) == 900
+    return out

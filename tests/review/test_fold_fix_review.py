@@ -7,17 +7,14 @@ Each test says whether it FAILS (a finding) or PASSES (a guard: checked and foun
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
-import time
 import uuid
 from datetime import datetime
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import MAPPING, unfold_ranges
+from helpers import MAPPING, run_two_jobs, unfold_ranges
 
 from bridge.demo.samples import nginn_body, nginn_row
 from bridge.ledger import ranges_upgrade
@@ -195,22 +192,7 @@ def test_qbridge_run_workers_still_import_lane_modules_first(make) -> None:
              mapping=MAPPING + "[[skip]]\nname = 'regional'\nwhen = '\"Region\" in headers'\n")
     b.insert(b.ready(900))
     b.insert(b.ready(900, queue="MQueue2"), queue="MQueue2")
-    text = b.config.read_text()
-    head, job = text[:text.index("[[jobs]]")], text[text.index("[[jobs]]"):]
-    both = 'queues = ["MQueue1", "MQueue2"]'
-    b.config.write_text(head + job.replace(both, 'queues = ["MQueue1"]') + 'schedule = { every = "60s" }\n'
-                        + job.replace('name     = "job1"', 'name     = "job2"').replace(both, 'queues = ["MQueue2"]')
-                        + 'schedule = { every = "60s" }\n')
-    proc = subprocess.Popen([sys.executable, "-c", _RUN_SPY, str(b.config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while (b.count("Orders") < 900 or b.count("Billing") < 900) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err[-3000:]
-    assert len(b.message_ids("Orders")) == 900 and len(b.message_ids("Billing")) == 900
+    out = run_two_jobs(b, _RUN_SPY)
     line = next(l for l in out.splitlines() if l.startswith("WORKERS"))
     lane = [m for m in ("pgpq", "bridge.targets.lane_rules", "bridge.targets.when_columns") if repr(m) in line]
     assert not lane, f"lane modules first imported by a scheduler worker: {lane} ({line})"

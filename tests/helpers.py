@@ -319,3 +319,32 @@ def run_two_jobs(b: Bridge, spy: str) -> str:
     assert proc.returncode == 0, err[-3000:]
     assert len(b.message_ids("Orders")) == 900 and len(b.message_ids("Billing")) == 900
     return out
+
+
+def entries_without_bits(b: Bridge, queue: str = "MQueue1") -> list[str]:
+    """The keys of `queue`'s ledger entries that have no bit in its range ledger."""
+    runner = b.runner()
+    origin, l = runner.origins[queue], runner.state.ledger
+    with runner.target_engine.connect() as conn:
+        keys = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin)).scalars().all()
+        have = runner.state.ranges.lookup(conn, origin, [int(k) for k in keys])
+    return sorted(k for k in keys if int(k) not in have)
+
+
+def each_once_after_a_re_read_and_replay(b: Bridge, n: int, mapping: str, queue: str = "MQueue1") -> None:
+    """The operator routes the type (`mapping`), a copy pass reads `queue` again (a rollback's
+    lowered checkpoint, a renamed job), and the quarantine is replayed: each of the `n` messages once."""
+    from bridge.lifecycle.quarantine import QuarantineDesk
+
+    b.mapping = mapping
+    b.write_config()
+    runner = b.runner()
+    c = runner.state.checkpoint
+    with runner.target_engine.begin() as conn:
+        conn.execute(sa.update(c).where(c.c.queue == queue).values(high=None, gaps="[]"))
+    passes: list[Any] = []
+    b.runner().drain(queue, passes.append)
+    QuarantineDesk(b.runner(), "ops", None).replay(None)
+    ids = b.message_ids("Orders")
+    assert len(ids) == n and all(k == 1 for k in ids.values()), f"delivered twice: {ids}"
+    assert sum(p.delivered for p in passes) == 0

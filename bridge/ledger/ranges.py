@@ -66,6 +66,9 @@ def _int(bits: bytes | None) -> int:
     return int.from_bytes(bits, "little") if bits else 0
 
 
+bits_of = _int  # a stored block's bits as an integer (bridge.ledger.ranges_upgrade)
+
+
 def _bytes(bits: int) -> bytes:
     return bits.to_bytes(BLOCK_BYTES, "little")
 

@@ -28,7 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bridge.errors import TargetSchemaError
-from bridge.ledger.ranges import RANGES, Ranges, ranges_table
+from bridge.ledger.ranges import OUTCOMES, RANGES, Ranges, bits_of, keys_of, ranges_table
 from bridge.ledger.state import State
 from bridge.ledger.upgrade import rename_sql, without_ranges
 from bridge.sources import source_class
@@ -59,7 +59,11 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
                 _check_origins(conn, state, origins, connection)
                 todo = ranged_origins(origins)
             else:
-                todo = [o for o in ranged_origins(origins) if unfolded(conn, state, o)]
+                _merge_cut_off_fresh_fold(conn, state, schema, say)
+                # Here, not at each command's start: every quarantined entry read, for those an
+                # earlier qbridge's cut-off fold left without bits (it gave them theirs last).
+                todo = [o for o in ranged_origins(origins)
+                        if unfolded(conn, state, o) or _quarantined_without_bits(conn, state, o)]
                 if not todo:
                     return None
         table = ranges_table(schema, sa.MetaData(), name=RANGES_NEW) if fresh else state.ranges.table
@@ -126,6 +130,33 @@ def unfolded(conn: sa.Connection, state: State, origin: int) -> bool:
         if len(keys) < CHUNK:
             return False
         after = keys[-1]
+
+
+def _quarantined_without_bits(conn: sa.Connection, state: State, origin: int) -> bool:
+    """Whether a quarantined entry of the queue `origin` names has no bit (init only: it reads them all)."""
+    l = state.ledger
+    keys = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars().all()
+    return len(state.ranges.lookup(conn, origin, {int(k) for k in keys})) < len(keys)
+
+
+def fresh_fold_left(conn: sa.Connection, schema: str | None) -> bool:
+    """Whether a fold into a new range ledger was cut off and a range ledger made in place since
+    (from `init --print-sql`'s DDL): the new one holds the bits of entries the fold deleted."""
+    insp = sa.inspect(conn)
+    return insp.has_table(RANGES_NEW, schema=schema) and insp.has_table(RANGES, schema=schema)
+
+
+def _merge_cut_off_fresh_fold(conn: sa.Connection, state: State, schema: str | None, say: Callable[[str], None]) -> None:
+    """Sets the bits a cut-off fold put in qbridge_ledger_ranges_new in the range ledger in place,
+    keeping any a key has there, then drops the new one (in the caller's transaction)."""
+    if not fresh_fold_left(conn, schema):
+        return
+    new = ranges_table(schema, sa.MetaData(), name=RANGES_NEW)
+    rows = conn.execute(sa.select(new.c.origin, new.c.block, *(new.c[o] for o in OUTCOMES))).all()
+    for origin, block, *bits in rows:
+        state.ranges.mark(conn, origin, [(k, o) for o, b in zip(OUTCOMES, bits) for k in keys_of(block, bits_of(b))], merge=True)
+    new.drop(conn)
+    say(f"merged a cut-off fold's {len(rows):,} range rows ({RANGES_NEW}) into {RANGES}")
 
 
 def _check_origins(conn: sa.Connection, state: State, origins: Sequence[Any], connection: str) -> None:

@@ -78,7 +78,7 @@ class Batch(JobSetup):
         gives, `places` filled as it fills it."""
         keys = ledger_keys(source, rows)
         if known is None:  # scan passes looked their keys up already (and pass {})
-            known = self._known(tconn, source, keys, lock)
+            known = self.state.known(tconn, self.origins[source.queue], keys, ranged=source.cursor == "monotonic")
         taken = lane(self, source, rows, keys, known, lock) if takes_columns(self, source) else None
         if taken is None:
             return self._process(tconn, source, rows, lock, stats, known, places, keys)
@@ -131,7 +131,7 @@ class Batch(JobSetup):
             keys = ledger_keys(source, rows)
         ids = message_ids(source.system, self.database, source.queue, keys)
         if known is None:  # scan passes looked their keys up already (and pass {})
-            known = self._known(tconn, source, keys, lock)
+            known = self.state.known(tconn, self.origins[source.queue], keys, ranged=source.cursor == "monotonic")
         # Each row's outcome goes into `known` as it is settled: a later copy of the same key in
         # this batch (a reverse job's message an endpoint sent twice) counts as already there.
         known = dict(known)
@@ -184,13 +184,6 @@ class Batch(JobSetup):
         if oldest is not None:
             stats.lag_seconds = max(0.0, (now - oldest).total_seconds())
         return outs, entries, quarantined, consume
-
-    def _known(self, tconn: sa.Connection, source: Source, keys: list[str], lock: bool) -> dict[str, str]:
-        """What the ledger holds of `keys`. Without `lock` (copy mode) only whether it holds a key
-        matters, not its outcome (move mode's consume asks whether it was quarantined): a range
-        ledger's bits alone say it, without the per-message lookup (a batch's costliest statement)."""
-        return self.state.known(tconn, self.origins[source.queue], keys, ranged=source.cursor == "monotonic",
-                                bits_only=not lock)
 
     def lane_for(self, source: Source) -> bool:
         """Whether rows of `source` try the fast lane: it is on, and source and target both have one."""

@@ -19,7 +19,7 @@ from bridge.errors import RetryableError, SourceSchemaError, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.ledger import giveback
 from bridge.ledger.fence import Fence
-from bridge.ledger.ranges_upgrade import unfolded
+from bridge.ledger.ranges_upgrade import fresh_fold_left, unfolded
 from bridge.ledger.state import State
 from bridge.ledger.steering import Steering
 from bridge.ledger.upgrade import require_current
@@ -223,7 +223,8 @@ class JobSetup:
                 ranges = self.state.ranges.table
                 ranged = [q for q, s in self.sources.items() if s.cursor == "monotonic"]
                 in_place = bool(ranged) and sa.inspect(tconn).has_table(ranges.name, schema=ranges.schema)
-                late = [q for q in ranged if in_place and unfolded(tconn, self.state, self.origins[q])]
+                late = [q for q in ranged if in_place and (fresh_fold_left(tconn, ranges.schema)
+                                                           or unfolded(tconn, self.state, self.origins[q]))]
             if late:
                 raise TargetSchemaError(
                     f"the ledger in {self.job.target.connection!r} keeps messages of {', '.join(map(repr, late))} "

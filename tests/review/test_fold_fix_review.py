@@ -2,7 +2,7 @@
 outcome) and c98cfa0 (bridge/pipeline/lane_imports.py: the lane's modules imported by the thread
 that starts a read-ahead, and by `qbridge run` before its scheduler's first ticks).
 
-Each test says whether it FAILS (a finding) or PASSES (a guard: checked and found sound).
+Each test says whether it FAILED (a finding, fixed since) or PASSES (a guard: checked and found sound).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import MAPPING, run_two_jobs, unfold_ranges
+from helpers import MAPPING, each_once_after_a_re_read_and_replay, entries_without_bits, run_two_jobs, unfold_ranges
 
 from bridge.demo.samples import nginn_body, nginn_row
 from bridge.ledger import ranges_upgrade
@@ -36,13 +36,6 @@ def _rows(now: datetime, odd: set[int], n: int) -> list[dict[str, Any]]:
             for i in range(1, n + 1)]
 
 
-def _entries_without_bits(b: Any) -> list[str]:
-    runner = b.runner()
-    origin, l = runner.origins[QUEUE], runner.state.ledger
-    with runner.target_engine.connect() as conn:
-        keys = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin)).scalars().all()
-        have = runner.state.ranges.lookup(conn, origin, [int(k) for k in keys])
-    return sorted(k for k in keys if int(k) not in have)
 
 
 # -- a63fe94: the fold and `unfolded` --------------------------------------------------------------
@@ -94,20 +87,9 @@ def test_guard_a_fold_cut_off_at_every_transaction_resumes_and_every_entry_gets_
         k += 1
     assert k > 4
     assert b.cli("init") == 0 and b.cli("status") == 0
-    assert _entries_without_bits(b) == []
+    assert entries_without_bits(b) == []
 
-    b.mapping = FIXED
-    b.write_config()
-    runner = b.runner()
-    c = runner.state.checkpoint
-    with runner.target_engine.begin() as conn:
-        conn.execute(sa.update(c).where(c.c.queue == QUEUE).values(high=None, gaps="[]"))
-    passes: list[Any] = []
-    b.runner().drain(QUEUE, passes.append)
-    QuarantineDesk(b.runner(), "ops", None).replay(None)
-    ids = b.message_ids("Orders")
-    assert len(ids) == 9 and all(n == 1 for n in ids.values()), ids
-    assert sum(p.delivered for p in passes) == 0
+    each_once_after_a_re_read_and_replay(b, 9, FIXED)
 
 
 def test_guard_normal_operations_on_a_ranged_queue_never_leave_an_entry_without_its_bit(make) -> None:
@@ -123,15 +105,15 @@ def test_guard_normal_operations_on_a_ranged_queue_never_leave_an_entry_without_
     rows = sorted(desk._rows(None), key=lambda q: int(q["source_key"]))
     assert desk.replay([rows[0]["message_id"]])[0].action == "replayed"
     assert desk.discard([rows[1]["message_id"]])[0].action == "discarded"
-    assert _entries_without_bits(b) == [] and b.cli("status") == 0
+    assert entries_without_bits(b) == [] and b.cli("status") == 0
     assert b.cli("rollback", "--job", "job1", "--yes") == 0
-    assert _entries_without_bits(b) == [] and b.cli("status") == 0
+    assert entries_without_bits(b) == [] and b.cli("status") == 0
     assert b.cli("sync", "--once") == 0
-    assert _entries_without_bits(b) == [] and b.cli("status") == 0 and b.cli("verify") == 0
+    assert entries_without_bits(b) == [] and b.cli("status") == 0 and b.cli("verify") == 0
 
 
 def test_check_ledger_reads_every_quarantined_entry_of_a_folded_queue(make) -> None:
-    """FAILS (cost, not correctness). Since a63fe94 `unfolded` reads EVERY entry of a ranged queue
+    """FAILED (cost, not correctness; fixed by 413e9fd). Since a63fe94 `unfolded` reads EVERY entry of a ranged queue
     (before: its delivered/skipped ones only, on a folded queue the released quarantined ones), and
     looks their bits up, 10,000 a round: `JobSetup.check_ledger` costs O(entries) once per runner,
     i.e. at every command's start, each `run` job and reload, each status-page replay. A folded
@@ -159,7 +141,7 @@ def test_check_ledger_reads_every_quarantined_entry_of_a_folded_queue(make) -> N
                       [(origin, str(k), str(uuid.uuid4()), "job1", QUEUE, "quarantined", None, "no route", datetime(2024, 1, 1))
                        for k in keys])
         st.ranges.mark(conn, origin, [(k, "quarantined") for k in keys])
-    assert _entries_without_bits(b) == [] and b.cli("status") == 0  # a folded queue: nothing to refuse
+    assert entries_without_bits(b) == [] and b.cli("status") == 0  # a folded queue: nothing to refuse
     many = statements()
     assert many == few, f"check_ledger: {few} statements with 3 entries, {many} with 25,003"
 
@@ -182,7 +164,7 @@ sys.exit(main(['run', '-c', sys.argv[1]]))
 
 
 def test_qbridge_run_workers_still_import_lane_modules_first(make) -> None:
-    """FAILS (latent; the race itself not forced). c98cfa0 imports LANE_MODULES before the
+    """FAILED (latent; the race itself not forced; fixed: pgpq and the rules' modules imported first too). c98cfa0 imports LANE_MODULES before the
     scheduler's first ticks run side by side, but the lane imports more on its first batch, each
     first imported by a scheduler worker while the other job's worker runs its own first batch:
     pgpq (bridge/targets/bulk.py copy_arrow: every lane write to PostgreSQL), and with mapping rules
@@ -210,7 +192,7 @@ class _BrokenDriver:
 
 
 def test_a_broken_adbc_driver_fails_sync_even_with_adbc_turned_off(make, monkeypatch) -> None:
-    """FAILS (low). ArrowReads treats any failure of ADBC's driver, its import included (inside
+    """FAILED (low; fixed: a broken optional driver is left for its user). ArrowReads treats any failure of ADBC's driver, its import included (inside
     `_connect`'s try), as "read through SQLAlchemy", and QBRIDGE_READ_AHEAD_ADBC=0 turns ADBC off.
     import_lane_modules imports the driver whatever that switch says (and for a source that is not
     PostgreSQL), catching ImportError only: any other failure escapes the read-ahead's `_start`

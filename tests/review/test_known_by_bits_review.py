@@ -89,8 +89,10 @@ class Killed(BaseException):
 
 
 def _init_killed_before_quarantined_bits(b: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`qbridge init` folding the queue, killed once its delivered entries are bits, before its
-    quarantined entries get theirs (a transaction of its own)."""
+    """`qbridge init` folding the queue, killed in the transaction that gives its quarantined
+    entries their bits: since 413e9fd the fold's first, so nothing is folded yet and the queue
+    stays unfolded (the order an earlier qbridge folded in, quarantined bits last, is
+    tests/review/test_fold_order_review.py's)."""
 
     class KilledBeforeQuarantined(Ranges):
         def mark(self, conn: Any, origin: int, outcomes: Any, merge: bool = False, arrays: Any = ()) -> None:

@@ -62,11 +62,9 @@ def ranges_table(schema: str | None, metadata: sa.MetaData, name: str = RANGES) 
     )
 
 
-def _int(bits: bytes | None) -> int:
+def bits_of(bits: bytes | None) -> int:
+    """A stored block's bits of one outcome as an integer."""
     return int.from_bytes(bits, "little") if bits else 0
-
-
-bits_of = _int  # a stored block's bits as an integer (bridge.ledger.ranges_upgrade)
 
 
 def _bytes(bits: int) -> bytes:
@@ -93,7 +91,7 @@ class Ranges:
         out: dict[int, list[int]] = {}
         for start in range(0, len(blocks), CHUNK):
             for block, *bits in conn.execute(self.select_blocks(origin, blocks[start:start + CHUNK], lock)):
-                out[block] = [_int(b) for b in bits]
+                out[block] = [bits_of(b) for b in bits]
         return out
 
     def select_blocks(self, origin: int, blocks: Sequence[int], lock: bool) -> sa.Select:
@@ -180,7 +178,7 @@ class Ranges:
                 stmt = stmt.where(t.c.block > after)
             page = conn.execute(stmt.order_by(t.c.block).limit(CHUNK)).all()
             for block, *raw in page:
-                bits = [_int(b) for b in raw]
+                bits = [bits_of(b) for b in raw]
                 for key in keys_of(block, _any(bits)):
                     if beyond is None or key > beyond:
                         bit = 1 << (key & MASK)

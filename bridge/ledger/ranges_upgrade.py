@@ -77,8 +77,7 @@ def add_ranges(engine: sa.Engine, schema: str | None, origins: Sequence[Any], co
         # cut off anywhere leaves the queue `unfolded` (its delivered or skipped entries without
         # bits, or no range row at all) until an init finishes it.
         with engine.begin() as conn:
-            quarantined = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars()
-            ranges.mark(conn, origin, [(int(k), "quarantined") for k in quarantined], merge=True)
+            ranges.mark(conn, origin, [(int(k), "quarantined") for k in _quarantined_keys(conn, state, origin)], merge=True)
         mine = (l.c.origin == origin, l.c.outcome.in_(FOLDED))
         after = None
         while True:
@@ -132,10 +131,15 @@ def unfolded(conn: sa.Connection, state: State, origin: int) -> bool:
         after = keys[-1]
 
 
+def _quarantined_keys(conn: sa.Connection, state: State, origin: int) -> list[str]:
+    """The source keys of the queue `origin` names whose entries say quarantined."""
+    l = state.ledger
+    return list(conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars())
+
+
 def _quarantined_without_bits(conn: sa.Connection, state: State, origin: int) -> bool:
     """Whether a quarantined entry of the queue `origin` names has no bit (init only: it reads them all)."""
-    l = state.ledger
-    keys = conn.execute(sa.select(l.c.source_key).where(l.c.origin == origin, l.c.outcome == "quarantined")).scalars().all()
+    keys = _quarantined_keys(conn, state, origin)
     return len(state.ranges.lookup(conn, origin, {int(k) for k in keys})) < len(keys)
 
 

@@ -14,9 +14,17 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import MAPPING, each_once_after_a_re_read_and_replay, entries_without_bits, run_two_jobs, unfold_ranges
+from helpers import (
+    BY_TYPE,
+    FIXED,
+    MAPPING,
+    each_once_after_a_re_read_and_replay,
+    entries_without_bits,
+    run_two_jobs,
+    unfold_ranges,
+    unrouted_rows,
+)
 
-from bridge.demo.samples import nginn_body, nginn_row
 from bridge.ledger import ranges_upgrade
 from bridge.ledger.ranges import Ranges
 from bridge.ledger.state import LEDGER_COLUMNS
@@ -25,15 +33,7 @@ from bridge.pipeline import lane_imports
 from bridge.targets.bulk import insert_values
 
 QUEUE = "MQueue1"
-BY_TYPE = (MAPPING.replace('"MQueue1" = "Orders"\n', '"Orders.PlaceOrder, Orders" = "Orders"\n')
-           .replace('"*"       = "Unrouted"\n', ""))
-FIXED = BY_TYPE.replace('"Orders.PlaceOrder, Orders" = "Orders"\n',
-                        '"Orders.PlaceOrder, Orders" = "Orders"\n"Other.Thing, X" = "Orders"\n')
 
-
-def _rows(now: datetime, odd: set[int], n: int) -> list[dict[str, Any]]:
-    return [nginn_row(QUEUE, i, now, body=nginn_body("Other.Thing, X", OrderId=i) if i in odd else None)
-            for i in range(1, n + 1)]
 
 
 
@@ -48,7 +48,7 @@ def test_guard_a_fold_cut_off_at_every_transaction_resumes_and_every_entry_gets_
     refuses (status), and the finished fold leaves no entry without a bit; a copy pass reading the
     queue again and the replay then deliver each message once."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {3, 5, 7}, 9))
+    b.insert(unrouted_rows(b.now_local(), {3, 5, 7}, 9))
     assert b.cli("sync", "--once") == 0
     b.mapping = FIXED
     b.write_config()
@@ -97,7 +97,7 @@ def test_guard_normal_operations_on_a_ranged_queue_never_leave_an_entry_without_
     a second sync: no entry of the queue lacks a bit afterwards, so `unfolded` never makes every
     command refuse after a normal operation."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {2, 4, 6}, 8))
+    b.insert(unrouted_rows(b.now_local(), {2, 4, 6}, 8))
     assert b.cli("sync", "--once") == 0
     b.mapping = FIXED
     b.write_config()
@@ -122,7 +122,7 @@ def test_check_ledger_reads_every_quarantined_entry_of_a_folded_queue(make) -> N
     messages makes every command read all of them first (measured here: 100k entries 0.4 s,
     400k entries 2.8 s). The statements it issues should not grow with the quarantine."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {1, 2, 3}, 3))
+    b.insert(unrouted_rows(b.now_local(), {1, 2, 3}, 3))
     assert b.cli("sync", "--once") == 0 and b.ledger() == {"quarantined": 3}
 
     def statements() -> int:

@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import entries_without_bits, each_once_after_a_re_read_and_replay, unfold_ranges
+from helpers import BY_TYPE, FIXED, each_once_after_a_re_read_and_replay, entries_without_bits
+from review.test_fold_order_review import QUEUE, _earlier_ledger, _folded_the_earlier_way_and_cut_off
 
 from bridge.ledger import ranges_upgrade
 from bridge.ledger.ranges import Ranges
-
-from review.test_fold_order_review import BY_TYPE, FIXED, QUEUE, _earlier_ledger, _folded_the_earlier_way_and_cut_off
 
 
 class Killed(BaseException):

@@ -18,37 +18,27 @@ in its first transaction, is mended in that helper's docstring.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import MAPPING, each_once_after_a_re_read_and_replay, entries_without_bits, unfold_ranges
+from helpers import BY_TYPE, FIXED, each_once_after_a_re_read_and_replay, entries_without_bits, unfold_ranges, unrouted_rows
 
-from bridge.demo.samples import nginn_body, nginn_row
 from bridge.ledger import ranges_upgrade
 from bridge.ledger.ranges import Ranges
 
 QUEUE = "MQueue1"
-BY_TYPE = (MAPPING.replace('"MQueue1" = "Orders"\n', '"Orders.PlaceOrder, Orders" = "Orders"\n')
-           .replace('"*"       = "Unrouted"\n', ""))
-FIXED = BY_TYPE.replace('"Orders.PlaceOrder, Orders" = "Orders"\n',
-                        '"Orders.PlaceOrder, Orders" = "Orders"\n"Other.Thing, X" = "Orders"\n')
 
 
 class Killed(BaseException):
     pass
 
 
-def _rows(now: datetime, odd: set[int], n: int) -> list[dict[str, Any]]:
-    return [nginn_row(QUEUE, i, now, body=nginn_body("Other.Thing, X", OrderId=i) if i in odd else None)
-            for i in range(1, n + 1)]
-
 
 def _earlier_ledger(b: Any) -> None:
     """Six NGinn messages, the third of an unrouted type (quarantined); then the ledger as an
     earlier qbridge made it: every key an entry, no range ledger."""
-    b.insert(_rows(b.now_local(), {3}, 6))
+    b.insert(unrouted_rows(b.now_local(), {3}, 6))
     assert b.cli("sync", "--once") == 0
     assert b.ledger() == {"delivered": 5, "quarantined": 1}
     assert unfold_ranges(b) == 5
@@ -181,7 +171,7 @@ def test_guard_zero_bit_rows_of_a_rollback_do_not_hide_or_block(make) -> None:
     """PASSES (guard). A folded queue whose bits a rollback cleared (rows of zero bits left) with a
     quarantined entry that keeps its bit: `unfolded` is False (no refusal forever)."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {3}, 6))
+    b.insert(unrouted_rows(b.now_local(), {3}, 6))
     assert b.cli("sync", "--once") == 0
     assert b.cli("rollback", "--job", "job1", "--yes") == 0
     assert b.ledger() == {"quarantined": 1}

@@ -20,32 +20,20 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 import orjson
 import pytest
 import sqlalchemy as sa
-from helpers import MAPPING, run_two_jobs, unfold_ranges
+from helpers import BY_TYPE, FIXED, run_two_jobs, unfold_ranges, unrouted_rows
 
-from bridge.demo.samples import nginn_body, nginn_row
+from bridge.demo.samples import nginn_row
 from bridge.ledger import ranges_upgrade
 from bridge.ledger.ranges import Ranges
 from bridge.lifecycle.quarantine import QuarantineDesk
 
 QUEUE = "MQueue1"
-# Routed by the legacy type only: a message of another type has no route and is quarantined ...
-BY_TYPE = (MAPPING.replace('"MQueue1" = "Orders"\n', '"Orders.PlaceOrder, Orders" = "Orders"\n')
-           .replace('"*"       = "Unrouted"\n', ""))
-# ... until the operator routes it (and then replays what the quarantine holds).
-FIXED = BY_TYPE.replace('"Orders.PlaceOrder, Orders" = "Orders"\n',
-                        '"Orders.PlaceOrder, Orders" = "Orders"\n"Other.Thing, X" = "Orders"\n')
 
-
-def _rows(now: datetime, odd: set[int], n: int) -> list[dict[str, Any]]:
-    """`n` NGinn rows; those numbered in `odd` of a type the BY_TYPE mapping does not route."""
-    return [nginn_row(QUEUE, i, now, body=nginn_body("Other.Thing, X", OrderId=i) if i in odd else None)
-            for i in range(1, n + 1)]
 
 
 def _rewound(b: Any) -> None:
@@ -121,7 +109,7 @@ def test_a_quarantined_only_queue_beside_a_dba_made_range_ledger_is_delivered_tw
     second time. Before 399a94b the pass read the entries: 'already there', and the replay
     delivered each once."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {1, 2, 3}, 3))
+    b.insert(unrouted_rows(b.now_local(), {1, 2, 3}, 3))
     assert b.cli("sync", "--once") == 0
     assert b.ledger() == {"quarantined": 3} and b.count("Orders") == 0
     assert unfold_ranges(b) == 0  # as an earlier qbridge left it: the three entries, no range ledger
@@ -143,7 +131,7 @@ def test_a_fold_cut_off_before_a_queues_quarantined_bits_never_gives_them_bits(m
     runs. The quarantined message (no bit) is then delivered by a copy pass that reads it again and
     once more by its replay. The docstring of ranges_upgrade promises a fold cut off anywhere resumes."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {3}, 6))
+    b.insert(unrouted_rows(b.now_local(), {3}, 6))
     assert b.cli("sync", "--once") == 0
     assert b.ledger() == {"delivered": 5, "quarantined": 1}
     assert unfold_ranges(b) == 5
@@ -161,7 +149,7 @@ def test_after_a_cut_off_fold_the_quarantined_message_is_delivered_twice(make, m
     copy pass reads the queue again (bits_only: the quarantined key is unknown, so it is delivered;
     the five delivered ones are 'already there'), and `quarantine replay` delivers it again."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {3}, 6))
+    b.insert(unrouted_rows(b.now_local(), {3}, 6))
     assert b.cli("sync", "--once") == 0
     assert unfold_ranges(b) == 5
     _dba_creates_the_range_ledger(b)
@@ -179,7 +167,7 @@ def test_guard_a_fresh_fold_gives_quarantined_entries_their_bits(make) -> None:
     config is folded, its quarantined entries given bits: a copy pass reading the queue again finds
     the quarantined message by its bit alone, and the replay delivers it once."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {3}, 6))
+    b.insert(unrouted_rows(b.now_local(), {3}, 6))
     assert b.cli("sync", "--once") == 0
     assert unfold_ranges(b) == 5
     assert b.cli("init") == 0
@@ -195,7 +183,7 @@ def test_guard_a_rollback_of_a_replayed_message_clears_entry_and_bit_together(ma
     `qbridge rollback`: its entry and bit go in one transaction, the checkpoint is lowered, and the
     next copy pass (bits only) delivers each withdrawn message once more, once."""
     b = make(batch_size=10, mapping=BY_TYPE)
-    b.insert(_rows(b.now_local(), {3}, 6))
+    b.insert(unrouted_rows(b.now_local(), {3}, 6))
     assert b.cli("sync", "--once") == 0
     b.mapping = FIXED
     b.write_config()

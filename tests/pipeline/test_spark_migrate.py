@@ -320,17 +320,32 @@ def where(_):
     import pyspark, py4j
     return pyspark.__file__, py4j.__file__
 print(sorted(set(sc.parallelize(range(2), 2).map(where).collect())))
+def preloaded(_):
+    import os, sys
+    # this task imports nothing of qbridge: what its worker holds, the daemon imported before the fork
+    return os.getpid(), all(m in sys.modules for m in ("bridge.pipeline.units", "bridge.config", "psycopg"))
+print("preloaded", sorted(set(sc.parallelize(range(4), 4).map(preloaded).collect())))
 stop_spark(sc)
 """
 
 
-def test_spark_workers_import_the_installed_pyspark_not_its_zip() -> None:
+def test_spark_workers_import_the_installed_pyspark_not_its_zip_and_find_the_task_code_imported() -> None:
     import py4j
     import pyspark
 
     done = subprocess.run([sys.executable, "-c", WORKER_IMPORTS], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"('{pyspark.__file__}', '{py4j.__file__}')" in done.stdout, done.stdout
+    line = next(x for x in done.stdout.splitlines() if x.startswith("preloaded"))
+    workers = eval(line.split(" ", 1)[1])  # noqa: S307 - our own script's printed list
+    assert workers and all(ok for _, ok in workers), line
+
+
+def test_the_spark_daemon_starts_when_the_task_code_does_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bridge.pipeline import spark_daemon
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # an import of it raises ImportError
+    spark_daemon.preload()  # the worker meets the error on its task, where Spark reports it
 
 
 def test_pyspark_zips_move_behind_the_installed_package_only_when_they_are_its_own(tmp_path: Path) -> None:

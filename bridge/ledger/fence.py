@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -55,9 +56,7 @@ class Fence:
     missing: str | None = None  # the error every check raises when the table is not there
 
     def statement(self) -> sa.Select:
-        t = self.table
-        return (sa.select(t.c.epoch, t.c.holder, t.c.taken_at).where(t.c.job == self.job)
-                .with_for_update(read=True).with_hint(t, "WITH (HOLDLOCK, ROWLOCK)", "mssql"))
+        return _statement(self.table, self.job)
 
     def check(self, conn: sa.Connection) -> None:
         """Raises LockLost unless the job's epoch is still this one; called last in a transaction,
@@ -107,3 +106,10 @@ def take(engine: sa.Engine, schema: str | None, job: str, who: str, connection: 
         except sa_exc.IntegrityError:
             continue  # another taker inserted the row first (the lock was lost in between): raise it
     raise LockLost(f"job {job!r}: another process took the job while this one was taking it")
+
+
+@lru_cache(maxsize=64)
+def _statement(t: sa.Table, job: str) -> sa.Select:
+    """Built once a job, not once a check (bridge.ledger.state says why)."""
+    return (sa.select(t.c.epoch, t.c.holder, t.c.taken_at).where(t.c.job == job)
+            .with_for_update(read=True).with_hint(t, "WITH (HOLDLOCK, ROWLOCK)", "mssql"))

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -68,8 +69,13 @@ def owe(tconn: sa.Connection, state: State, job: str, queue: str, owed: list[Owe
 
 
 def anything_owed(tconn: sa.Connection, state: State, job: str, queue: str) -> bool:
-    g = state.givebacks
-    return tconn.execute(sa.select(g.c.source_key).where(g.c.job == job, g.c.queue == queue).limit(1)).first() is not None
+    return tconn.execute(_owed_statement(state.givebacks), {"job_": job, "queue_": queue}).first() is not None
+
+
+@lru_cache(maxsize=64)
+def _owed_statement(g: sa.Table) -> sa.Select:
+    """Built once a table, not once a pass (bridge.ledger.state says why)."""
+    return sa.select(g.c.source_key).where(g.c.job == sa.bindparam("job_"), g.c.queue == sa.bindparam("queue_")).limit(1)
 
 
 def finish(runner: Any, queue: str, chunk: int = 1000) -> tuple[int, int]:

@@ -10,6 +10,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -206,11 +207,7 @@ class State:
 
     def lock_checkpoint(self, conn: sa.Connection, job: str, queue: str) -> Checkpoint:
         """Reads the checkpoint row, locked until the caller's transaction ends."""
-        c = self.checkpoint
-        row = conn.execute(
-            sa.select(c).where(c.c.job == job, c.c.queue == queue).with_for_update()
-            .with_hint(c, "WITH (UPDLOCK, ROWLOCK)", "mssql")
-        ).mappings().first()
+        row = conn.execute(_lock_statement(self.checkpoint), {"job_": job, "queue_": queue}).mappings().first()
         if row is None:
             raise RuntimeError(f"checkpoint of {job}/{queue} missing; ensure_checkpoint first")
         return self._from_row(row)
@@ -234,22 +231,18 @@ class State:
         )
 
     def save_checkpoint(self, conn: sa.Connection, cp: Checkpoint) -> None:
-        c = self.checkpoint
         now = naive_utc(utcnow())
-        result = conn.execute(
-            sa.update(c)
-            .where(c.c.job == cp.job, c.c.queue == cp.queue, c.c.version == cp.version)
-            .values(
-                high=cp.high,
-                gaps=orjson.dumps([g.to_json() for g in cp.gaps]).decode(),
-                pending=orjson.dumps(cp.pending).decode() if cp.pending else None,
-                version=cp.version + 1,
-                updated_at=now,
-                last_run_at=now,
-                last_delivery_at=None if cp.last_delivery_at is None else naive_utc(cp.last_delivery_at),
-                lag_seconds=cp.lag_seconds,
-            )
-        )
+        result = conn.execute(_save_statement(self.checkpoint), {
+            "job_": cp.job, "queue_": cp.queue, "version_": cp.version,
+            "high": cp.high,
+            "gaps": orjson.dumps([g.to_json() for g in cp.gaps]).decode(),
+            "pending": orjson.dumps(cp.pending).decode() if cp.pending else None,
+            "version": cp.version + 1,
+            "updated_at": now,
+            "last_run_at": now,
+            "last_delivery_at": None if cp.last_delivery_at is None else naive_utc(cp.last_delivery_at),
+            "lag_seconds": cp.lag_seconds,
+        })
         if result.rowcount != 1:
             # The row lock makes this unreachable unless the database ignored FOR UPDATE.
             raise RuntimeError(f"checkpoint of {cp.job}/{cp.queue} changed under this pass; retrying")
@@ -384,3 +377,17 @@ class State:
         """A job's quarantine by failure group (bridge.ledger.quarantine_rows.failure_groups)."""
         return quarantine_rows.failure_groups(self.quarantine, conn, job, where)
 
+
+# Built once a table, not once a pass: SQLAlchemy makes a statement's objects and its cache key
+# anew each time one is built, ~0.2 ms a statement, and a pass makes a dozen (docs/benchmarks.md,
+# issue 49 session 17). The values are bound parameters; the SQL is the same.
+@lru_cache(maxsize=64)
+def _lock_statement(c: sa.Table) -> sa.Select:
+    return (sa.select(c).where(c.c.job == sa.bindparam("job_"), c.c.queue == sa.bindparam("queue_"))
+            .with_for_update().with_hint(c, "WITH (UPDLOCK, ROWLOCK)", "mssql"))
+
+
+@lru_cache(maxsize=64)
+def _save_statement(c: sa.Table) -> sa.Update:
+    return sa.update(c).where(c.c.job == sa.bindparam("job_"), c.c.queue == sa.bindparam("queue_"),
+                              c.c.version == sa.bindparam("version_"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -112,7 +113,7 @@ class SteeringBook:
         out = {j: Steering(j) for j in jobs}
         if not jobs:
             return out
-        for r in conn.execute(sa.select(t).where(t.c.job.in_(jobs))).mappings():
+        for r in conn.execute(_read_statement(t), {"jobs_": jobs}).mappings():
             out[r["job"]] = Steering(r["job"], bool(r["paused"]), r["paused_by"], r["paused_at"], r["why"], r["held"],
                                      r["held_since"], float(r["held_seconds"] or 0.0))
         return out
@@ -187,3 +188,9 @@ class SteeringBook:
             where = f"{self.table.schema}.{STEERING}" if self.table.schema else STEERING
             raise TargetSchemaError(f"the target has no {where!r} table (made by an earlier qbridge); run "
                                     "`qbridge init -c CONFIG` once to add it")
+
+
+@lru_cache(maxsize=64)
+def _read_statement(t: sa.Table) -> sa.Select:
+    """Built once a table, not once a pass (bridge.ledger.state says why)."""
+    return sa.select(t).where(t.c.job.in_(sa.bindparam("jobs_", expanding=True)))

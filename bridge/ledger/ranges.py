@@ -161,8 +161,7 @@ class Ranges:
     def _update(self, conn: sa.Connection, origin: int, blocks: Sequence[tuple[int, list[int]]], now: datetime) -> None:
         """Writes (block, bits per outcome) over existing rows, in one executemany."""
         if blocks:
-            t = self.table
-            conn.execute(sa.update(t).where(t.c.origin == sa.bindparam("o_"), t.c.block == sa.bindparam("b_")),
+            conn.execute(_update_statement(self.table),
                          [{"o_": origin, "b_": block, **{o: _bytes(b) for o, b in zip(OUTCOMES, bits)}, "at": now}
                           for block, bits in blocks])
 
@@ -220,3 +219,8 @@ def _blocks_statement(t: sa.Table, lock: bool) -> sa.Select:
     stmt = sa.select(t.c.block, *(t.c[o] for o in OUTCOMES)).where(
         t.c.origin == sa.bindparam("origin_"), t.c.block.in_(sa.bindparam("blocks_", expanding=True))).order_by(t.c.block)
     return stmt.with_for_update().with_hint(t, "WITH (UPDLOCK, ROWLOCK)", "mssql") if lock else stmt
+
+
+@lru_cache(maxsize=64)
+def _update_statement(t: sa.Table) -> sa.Update:
+    return sa.update(t).where(t.c.origin == sa.bindparam("o_"), t.c.block == sa.bindparam("b_"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -63,36 +64,27 @@ class NGinnSource(Source):
             raise SourceSchemaError(f"table {self.queue!r} is not an NGinn queue table: missing columns {', '.join(missing)}")
 
     def _select(self, lock: bool) -> sa.Select:
-        t = self.table
-        stmt = sa.select(t).order_by(t.c.id)
-        if lock:
-            # NGinn's own receiver: UPDLOCK + READPAST, so its receivers and ours never block each other.
-            stmt = stmt.with_for_update(skip_locked=True).with_hint(t, "WITH (UPDLOCK, ROWLOCK, READPAST)", "mssql")
-        else:
-            # Copy mode reads committed rows only and steps over locked ones; they are re-checked as gaps.
-            stmt = stmt.with_hint(t, "WITH (READPAST)", "mssql")
-        return stmt
+        return _select_of(self.table, lock)
 
     def _rows(self, result: sa.CursorResult) -> Fetched:
         return fetched(result, *_ROW_SHAPE)
 
-    def _after(self, after: int | None, limit: int, lock: bool, upto: int | None = None) -> sa.Select:
-        stmt = self._select(lock).limit(limit)
-        if after is not None:
-            stmt = stmt.where(self.table.c.id > after)
-        if upto is not None:
-            stmt = stmt.where(self.table.c.id <= upto)
-        return stmt
+    def _after(self, after: int | None, limit: int, lock: bool, upto: int | None = None) -> tuple[sa.Select, dict[str, int]]:
+        """The statement of a read after `after` (up to `upto`), built once a shape (a pass and a
+        Spark unit make one a batch: bridge.ledger.state says why), and its values."""
+        stmt = _after_statement(self.table, lock, limit, after is not None, upto is not None)
+        return stmt, {k: v for k, v in (("after_", after), ("upto_", upto)) if v is not None}
 
     def fetch_after(self, conn: sa.Connection, after: int | None, limit: int, lock: bool,
                     upto: int | None = None) -> Fetched:
-        return self._rows(conn.execute(self._after(after, limit, lock, upto)))
+        return self._rows(conn.execute(*self._after(after, limit, lock, upto)))
 
     def fetch_after_arrow(self, cursor: Any, after: int | None, limit: int) -> Fetched:
         """Copy mode's fetch_after by an ADBC PostgreSQL cursor, as Arrow columns (a read-ahead's)."""
         from bridge.sources.arrow_fetched import read_arrow  # Arrow is imported on a read-ahead's first batch
 
-        return read_arrow(cursor, self._after(after, limit, False), *_ROW_SHAPE)
+        stmt, values = self._after(after, limit, False)
+        return read_arrow(cursor, stmt.params(values), *_ROW_SHAPE)
 
     def fetch_ranges(self, conn: sa.Connection, ranges: Sequence[tuple[int, int]], lock: bool) -> Sequence[SourceRow]:
         c = self.table.c.id
@@ -371,3 +363,22 @@ STATEMENT_RANGES = 200
 
 def _range_chunks(ranges: Sequence[tuple[int, int]]) -> Iterator[Sequence[tuple[int, int]]]:
     return (ranges[start:start + STATEMENT_RANGES] for start in range(0, len(ranges), STATEMENT_RANGES))
+
+
+def _select_of(t: sa.Table, lock: bool) -> sa.Select:
+    stmt = sa.select(t).order_by(t.c.id)
+    if lock:
+        # NGinn's own receiver: UPDLOCK + READPAST, so its receivers and ours never block each other.
+        return stmt.with_for_update(skip_locked=True).with_hint(t, "WITH (UPDLOCK, ROWLOCK, READPAST)", "mssql")
+    # Copy mode reads committed rows only and steps over locked ones; they are re-checked as gaps.
+    return stmt.with_hint(t, "WITH (READPAST)", "mssql")
+
+
+@lru_cache(maxsize=64)
+def _after_statement(t: sa.Table, lock: bool, limit: int, after: bool, upto: bool) -> sa.Select:
+    stmt = _select_of(t, lock).limit(limit)
+    if after:
+        stmt = stmt.where(t.c.id > sa.bindparam("after_", type_=t.c.id.type))
+    if upto:
+        stmt = stmt.where(t.c.id <= sa.bindparam("upto_", type_=t.c.id.type))
+    return stmt

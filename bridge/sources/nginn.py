@@ -374,7 +374,7 @@ def _select_of(t: sa.Table, lock: bool) -> sa.Select:
     return stmt.with_hint(t, "WITH (READPAST)", "mssql")
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=1024)  # a few shapes a queue table (mode, batch, bounds): room for hundreds of queues
 def _after_statement(t: sa.Table, lock: bool, limit: int, after: bool, upto: bool) -> sa.Select:
     stmt = _select_of(t, lock).limit(limit)
     if after:

@@ -294,6 +294,49 @@ def promtool_path() -> str:
     return found
 
 
+# The first lines of a script run by `python -c`: `first` holds each module a thread looked for
+# first and that thread's name (what a test of import races reads at the script's end).
+IMPORT_SPY = """
+import sys, threading, atexit
+first = {}
+class Spy:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        first.setdefault(name, threading.current_thread().name)
+        return None
+sys.meta_path.insert(0, Spy)
+"""
+
+
+class Killed(BaseException):
+    """A process's death at a chosen point: no `except Exception` on the way catches it."""
+
+
+def init_killed_at_mark(b: Bridge, monkeypatch: Any, n: int = 3, why: str = "init killed in its third transaction") -> None:
+    """`qbridge init` folding an earlier per-message ledger two keys a chunk, killed in its `n`th
+    range-bit transaction (1: the quarantined bits, 2: the first chunk, 3: the second); then
+    Ranges.mark is itself again."""
+    import pytest
+
+    from bridge.ledger import ranges_upgrade
+    from bridge.ledger.ranges import Ranges
+
+    monkeypatch.setattr(ranges_upgrade, "CHUNK", 2)
+    calls = {"n": 0}
+    real = Ranges.mark
+
+    def cut(self: Any, *args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise Killed(why)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ranges, "mark", cut)
+    with pytest.raises(Killed):
+        b.cli("init")
+    monkeypatch.setattr(Ranges, "mark", real)
+
+
 def run_two_jobs(b: Bridge, spy: str) -> str:
     """`qbridge run` of the bridge's config split into two scheduled jobs (job1 on MQueue1, job2 on
     MQueue2, 900 rows each, already inserted), under the Python script `spy` (given the config's

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from helpers import (
     BY_TYPE,
     FIXED,
+    IMPORT_SPY,
     MAPPING,
     each_once_after_a_re_read_and_replay,
     entries_without_bits,
@@ -148,16 +149,7 @@ def test_check_ledger_reads_every_quarantined_entry_of_a_folded_queue(make) -> N
 
 # -- c98cfa0: lane_imports ---------------------------------------------------------------------------
 
-_RUN_SPY = """
-import sys, threading, atexit
-first = {}
-class Spy:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        first.setdefault(name, threading.current_thread().name)
-        return None
-sys.meta_path.insert(0, Spy)
-atexit.register(lambda: print('WORKERS', sorted(m for m, t in first.items() if t.startswith('ThreadPoolExecutor')), flush=True))
+_RUN_SPY = IMPORT_SPY + """atexit.register(lambda: print('WORKERS', sorted(m for m, t in first.items() if t.startswith('ThreadPoolExecutor')), flush=True))
 from bridge.commands.main import main
 sys.exit(main(['run', '-c', sys.argv[1]]))
 """

@@ -10,35 +10,18 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from helpers import BY_TYPE, FIXED, each_once_after_a_re_read_and_replay, entries_without_bits
+from helpers import BY_TYPE, FIXED, Killed, each_once_after_a_re_read_and_replay, entries_without_bits, init_killed_at_mark
 from review.test_fold_order_review import QUEUE, _earlier_ledger, _folded_the_earlier_way_and_cut_off
 
 from bridge.ledger import ranges_upgrade
 from bridge.ledger.ranges import Ranges
 
 
-class Killed(BaseException):
-    pass
-
-
 def _fresh_fold_cut_off_then_dba_ranges(b: Any, monkeypatch: Any) -> None:
     """A fresh fold (no range ledger) killed in its third transaction: the quarantined bit and the
     first chunk's bits (keys 1, 2) in qbridge_ledger_ranges_new, their entries deleted; then a DBA
     creates qbridge_ledger_ranges from `init --print-sql`'s DDL."""
-    monkeypatch.setattr(ranges_upgrade, "CHUNK", 2)
-    calls = {"n": 0}
-    real = Ranges.mark
-
-    def cut(self: Any, *args: Any, **kwargs: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise Killed("init killed in its third transaction")
-        real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Ranges, "mark", cut)
-    with pytest.raises(Killed):
-        b.cli("init")
-    monkeypatch.setattr(Ranges, "mark", real)
+    init_killed_at_mark(b, monkeypatch)
     b.runner().state.ranges.table.create(b.target)
 
 
@@ -102,20 +85,7 @@ def test_guard_a_fresh_fold_in_progress_is_not_refused_forever(make, monkeypatch
     refuse (without_ranges), the next init finishes it, and nothing refuses after."""
     b = make(batch_size=10, mapping=BY_TYPE)
     _earlier_ledger(b)
-    monkeypatch.setattr(ranges_upgrade, "CHUNK", 2)
-    real = Ranges.mark
-    calls = {"n": 0}
-
-    def cut(self: Any, *args: Any, **kwargs: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise Killed("cut")
-        real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Ranges, "mark", cut)
-    with pytest.raises(Killed):
-        b.cli("init")
-    monkeypatch.setattr(Ranges, "mark", real)
+    init_killed_at_mark(b, monkeypatch, why="cut")
     assert _has(b, ranges_upgrade.RANGES_NEW) and not _has(b, ranges_upgrade.RANGES)
     assert b.cli("status") != 0
     assert b.cli("init") == 0

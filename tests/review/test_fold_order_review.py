@@ -20,19 +20,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
-from helpers import BY_TYPE, FIXED, each_once_after_a_re_read_and_replay, entries_without_bits, unfold_ranges, unrouted_rows
+from helpers import (
+    BY_TYPE,
+    FIXED,
+    Killed,
+    each_once_after_a_re_read_and_replay,
+    entries_without_bits,
+    init_killed_at_mark,
+    unfold_ranges,
+    unrouted_rows,
+)
 
 from bridge.ledger import ranges_upgrade
 from bridge.ledger.ranges import Ranges
 
 QUEUE = "MQueue1"
-
-
-class Killed(BaseException):
-    pass
-
 
 
 def _earlier_ledger(b: Any) -> None:
@@ -110,20 +113,7 @@ def test_a_fresh_fold_cut_off_then_a_dba_made_range_ledger_loses_the_folded_keys
     them a second time."""
     b = make(batch_size=10, mapping=BY_TYPE)
     _earlier_ledger(b)
-    monkeypatch.setattr(ranges_upgrade, "CHUNK", 2)
-    calls = {"n": 0}
-    real = Ranges.mark
-
-    def cut(self: Any, *args: Any, **kwargs: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 3:  # 1: the quarantined bits, 2: the first chunk, 3: the second chunk
-            raise Killed("init killed in its third transaction")
-        real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Ranges, "mark", cut)
-    with pytest.raises(Killed):
-        b.cli("init")
-    monkeypatch.setattr(Ranges, "mark", real)
+    init_killed_at_mark(b, monkeypatch)  # in the second chunk's transaction
     assert b.cli("status") != 0  # no qbridge_ledger_ranges: refused, as it should be
     b.runner().state.ranges.table.create(b.target)  # the DBA, from `init --print-sql`'s DDL
     assert b.cli("init") == 0

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 import pytest
 import sqlalchemy as sa
-from helpers import BY_TYPE, FIXED, run_two_jobs, unfold_ranges, unrouted_rows
+from helpers import BY_TYPE, FIXED, IMPORT_SPY, run_two_jobs, unfold_ranges, unrouted_rows
 
 from bridge.demo.samples import nginn_row
 from bridge.ledger import ranges_upgrade
@@ -250,16 +250,7 @@ def test_guard_lane_parts_and_per_row_rows_keep_batch_order_with_tracing(make, f
 
 # -- f000060: imports in the read-ahead's thread --------------------------------------------------
 
-_SPY = """
-import sys, threading
-first = {}
-class Spy:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        first.setdefault(name, threading.current_thread().name)
-        return None
-sys.meta_path.insert(0, Spy)
-from bridge.commands.main import main
+_SPY = IMPORT_SPY + """from bridge.commands.main import main
 rc = main(['sync', '--once', '-c', sys.argv[1]])
 print('AHEAD', sorted(n for n, t in first.items() if t.startswith('qbridge-read-ahead')))
 sys.exit(rc)
@@ -289,16 +280,7 @@ def test_a_read_ahead_thread_imports_the_lane_modules_first_when_the_first_batch
     assert line == "AHEAD []", f"modules a read-ahead's thread imported first: {line}"
 
 
-_RUN_SPY = """
-import sys, threading, atexit
-first = {}
-class Spy:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        first.setdefault(name, threading.current_thread().name)
-        return None
-sys.meta_path.insert(0, Spy)
-atexit.register(lambda: print('FIRST', {m: first.get(m) for m in ('pyarrow', 'pyarrow.compute', 'adbc_driver_postgresql.dbapi')}, flush=True))
+_RUN_SPY = IMPORT_SPY + """atexit.register(lambda: print('FIRST', {m: first.get(m) for m in ('pyarrow', 'pyarrow.compute', 'adbc_driver_postgresql.dbapi')}, flush=True))
 from bridge.commands.main import main
 sys.exit(main(['run', '-c', sys.argv[1]]))
 """

@@ -18,17 +18,17 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
     """source key -> outcome, for those of `keys` in the ledger under `origin`."""
     l = ledger
     mine = l.c.origin == origin
-    text = joined(keys) if conn.dialect.name == "postgresql" else None
-    if text is not None:
+    if conn.dialect.name == "postgresql":
         # By the ledger's key (bridge.db.by_index): a batch's keys are neighbours in it (scan
         # sources walk in the ledger's order), and the planner read every entry of the queue.
         # The keys as one text the server splits (bridge.db.among): psycopg dumps a text[] element
         # by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one text, under 1.
+        # Where a key holds the separator: an IN list, still by the key.
+        text = joined(keys)
+        stmt, values = ((_by_text(l), {"origin_": origin, "keys_": text}) if text is not None else
+                        (sa.select(l.c.source_key, l.c.outcome).where(mine, among(l.c.source_key, keys, "postgresql")), {}))
         with by_index(conn):
-            return dict(conn.execute(_by_text(l), {"origin_": origin, "keys_": text}).all())
-    if conn.dialect.name == "postgresql":  # a key holds the separator: an IN list, still by the key
-        with by_index(conn):
-            return dict(conn.execute(sa.select(l.c.source_key, l.c.outcome).where(mine, among(l.c.source_key, keys, "postgresql"))).all())
+            return dict(conn.execute(stmt, values).all())
     out: dict[str, str] = {}
     for start in range(0, len(keys), 1000):
         chunk = list(keys[start:start + 1000])

@@ -96,10 +96,6 @@ class Ranges:
                 out[block] = [bits_of(b) for b in bits]
         return out
 
-    def select_blocks(self, origin: int, blocks: Sequence[int], lock: bool) -> sa.Select:
-        """The blocks' bits, in block order; `lock`: held until the transaction ends."""
-        return _blocks_statement(self.table, lock).params(origin_=origin, blocks_=list(blocks))
-
     def lookup(self, conn: sa.Connection, origin: int, keys: Iterable[int]) -> dict[int, str]:
         """key -> the outcome its bit says, for those of `keys` with a bit set."""
         keys = list(keys)
@@ -215,7 +211,8 @@ def _any(bits: Sequence[int]) -> int:
 
 @lru_cache(maxsize=64)
 def _blocks_statement(t: sa.Table, lock: bool) -> sa.Select:
-    """Range rows by block, built once a table, not once a read (bridge.ledger.state says why)."""
+    """The blocks' bits, in block order; `lock`: held until the transaction ends. Built once a
+    table, not once a read (bridge.ledger.state says why)."""
     stmt = sa.select(t.c.block, *(t.c[o] for o in OUTCOMES)).where(
         t.c.origin == sa.bindparam("origin_"), t.c.block.in_(sa.bindparam("blocks_", expanding=True))).order_by(t.c.block)
     return stmt.with_for_update().with_hint(t, "WITH (UPDLOCK, ROWLOCK)", "mssql") if lock else stmt

@@ -8,8 +8,11 @@ slower; the first OpenJMS blob read then logs a WARNING that says so (bridge/cod
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+# biztalk_native inflates Parts' blocks with zlib's own C library (zlib.h from zlib1g-dev)
+LIBRARIES = {"biztalk_native": ["z"]}
+
 setup(ext_modules=cythonize(
-    [Extension(f"bridge.codecs.{name}", [f"bridge/codecs/{name}.pyx"], optional=True)
+    [Extension(f"bridge.codecs.{name}", [f"bridge/codecs/{name}.pyx"], libraries=LIBRARIES.get(name, []), optional=True)
      for name in ("openjms_native", "biztalk_native", "bodytype_native")],
     compiler_directives={"language_level": 3},
 ))

@@ -34,6 +34,8 @@ COMPILED_CONTEXT: Callable[[bytes], tuple[str, list[ContextProperty]] | None] | 
 ContextFields = tuple[dict[str, str], Any, Any, Any]
 # biztalk_native.context_fields: the same answers as context_fields_python for such a bag, None for any other.
 COMPILED_FIELDS: Callable[..., ContextFields | None] | None = compiled("biztalk_native", "context_fields")
+# biztalk_native.decode_blocks: the same bytes as decode_blocks_python for a fragment that follows the layout, None for any other.
+COMPILED_BLOCKS: Callable[[bytes], bytes | None] | None = compiled("biztalk_native", "decode_blocks")
 MAX_BLOCK = 1 << 20  # BizTalk writes at most 35,840 bytes a block; anything near this is corrupt
 
 # VARTYPE -> (struct format, size); strings and special cases are handled apart.
@@ -151,11 +153,11 @@ def decode_context(blob: bytes) -> tuple[str, list[ContextProperty]]:
     return decode_context_python(blob)
 
 
-def context_fields(blob: bytes, names: dict[tuple[str, str], str], name_of: Callable[[str, str], str],
+def context_fields(blob: bytes, names: dict[str, dict[str, str]], name_of: Callable[[str, str], str],
                    text_of: Callable[[Any], str]) -> ContextFields:
     """What a message takes from its bag: (headers, the system MessageType, the error report's
     MessageType, the InterchangeID); BizTalkFormatError saying why not. A header is each written,
-    promoted or was-promoted property, named by `names[(namespace, property)]` or else by
+    promoted or was-promoted property, named by `names[namespace][property]` or else by
     `name_of(namespace, property)`, its value as it is where it is a str, else `text_of(value)`;
     a property that comes again overwrites (its header keeps its first place)."""
     if COMPILED_FIELDS is not None:
@@ -165,7 +167,7 @@ def context_fields(blob: bytes, names: dict[tuple[str, str], str], name_of: Call
     return context_fields_python(blob, names, name_of, text_of)
 
 
-def context_fields_python(blob: bytes, names: dict[tuple[str, str], str], name_of: Callable[[str, str], str],
+def context_fields_python(blob: bytes, names: dict[str, dict[str, str]], name_of: Callable[[str, str], str],
                           text_of: Callable[[Any], str]) -> ContextFields:
     """context_fields from decode_context's properties: the reference the compiled one is held to."""
     _, props = decode_context(blob)
@@ -173,7 +175,8 @@ def context_fields_python(blob: bytes, names: dict[tuple[str, str], str], name_o
     headers: dict[str, str] = {}
     for p in props:
         if p.context_property_type & (1 | 2 | 16):  # written, promoted, was-promoted
-            name = names.get((p.namespace, p.name))
+            space = names.get(p.namespace)
+            name = None if space is None else space.get(p.name)
             if name is None:
                 name = name_of(p.namespace, p.name)
             headers[name] = p.value if type(p.value) is str else text_of(p.value)
@@ -215,7 +218,18 @@ def decode_context_python(blob: bytes) -> tuple[str, list[ContextProperty]]:
 
 
 def decode_blocks(blob: bytes) -> bytes:
-    """One fragment's block stream: (compressed, uncompressed length, stored length, bytes)... (0,0,0)."""
+    """One fragment's block stream: (compressed, uncompressed length, stored length, bytes)... (0,0,0);
+    BizTalkFormatError saying why not."""
+    if COMPILED_BLOCKS is not None:
+        got = COMPILED_BLOCKS(blob)
+        if got is not None:
+            return got
+    return decode_blocks_python(blob)
+
+
+def decode_blocks_python(blob: bytes) -> bytes:
+    """decode_blocks by the pure-Python reader: the reference the compiled one is held to, and
+    what words the error of a fragment the compiled one declines."""
     data = bytes(blob)
     if not data:
         return b""  # DtaSpy's writer stores an empty part as no bytes at all
@@ -252,7 +266,7 @@ def decode_part(fragments: list[bytes], part_size: int | None = None) -> bytes:
     """
     if part_size and len(fragments) == 1 and len(fragments[0]) == part_size:
         return bytes(fragments[0])
-    body = b"".join(decode_blocks(f) for f in fragments)
+    body = decode_blocks(fragments[0]) if len(fragments) == 1 else b"".join(decode_blocks(f) for f in fragments)
     if part_size is not None and len(body) != part_size:
         raise BizTalkFormatError(f"part decodes to {len(body)} bytes but Parts.nPartSize says {part_size}")
     return body

@@ -78,14 +78,16 @@ class BizTalkSource(ScanSource):
         # MessageBox times are written by the engine in UTC unless the job says otherwise [INFERRED].
         self.tz = zone(job.source.timezone or "UTC")
         self.namespaces: dict[str, str] = {}
-        self.header_names: dict[tuple[str, str], str] = {}
+        self.header_names: dict[str, dict[str, str]] = {}  # namespace -> property -> header name
+        self.header_count = 0
         self.message_type_property: uuid.UUID | None = None
         self.mapping: Any = None
 
     def configure(self, mapping: Any) -> None:
         self.mapping = mapping
         self.namespaces = dict(mapping.biztalk.namespaces)
-        self.header_names = {}  # (namespace, property) -> header name, as `namespaces` names them
+        self.header_names = {}  # namespace -> property -> header name, as `namespaces` names them
+        self.header_count = 0
         prop = mapping.biztalk.message_type_property_id
         self.message_type_property = uuid.UUID(prop) if prop else None
 
@@ -293,8 +295,9 @@ class BizTalkSource(ScanSource):
     def _header_name(self, namespace: str, name: str) -> str:
         """A context property's header name, kept for the bags to come (`header_names`)."""
         header = f"{short_name(namespace, self.namespaces)}.{name}"
-        if len(self.header_names) < 10_000:  # a bag's names repeat; a store of made-up ones stays bounded
-            self.header_names[(namespace, name)] = header
+        if self.header_count < 10_000:  # a bag's names repeat; a store of made-up ones stays bounded
+            self.header_names.setdefault(namespace, {})[name] = header
+            self.header_count += 1
         return header
 
     def _decode_parts(self, v: dict[str, Any]) -> tuple[str, bytes, list[Part]]:

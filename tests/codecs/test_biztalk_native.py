@@ -30,11 +30,11 @@ def test_the_compiled_reader_is_built_and_used() -> None:
 def _fields(read: object, blob: bytes) -> tuple[object, dict]:
     """(what `read` makes of the bag's fields, the header names it left known), from a names
     store that knows one name already and a namer that keeps what it names, as BizTalkSource's do."""
-    names = {(SYSTEM_NS, "MessageType"): "BTS.MessageType"}
+    names = {SYSTEM_NS: {"MessageType": "BTS.MessageType"}}
 
     def name_of(namespace: str, name: str) -> str:
         header = f"{namespace[-3:]}.{name}"
-        names[(namespace, name)] = header
+        names.setdefault(namespace, {})[name] = header
         return header
 
     return read(blob, names, name_of, header_text), names  # type: ignore[operator]

@@ -42,42 +42,12 @@ def decoded_columns(source: Source, rows: Sequence[SourceRow], take: Sequence[in
 def plain_columns_of(plains: Iterable[tuple[int, PlainMessage | None]]) -> PlainColumns | None:
     """The lane's columns of (batch position, the row's PlainMessage or None) in batch order, or
     None when no row can take the lane."""
-    shapes: dict[tuple, int] = {}
-    examples: list[PlainMessage] = []
-    positions: list[int] = []
-    groups: list[int] = []
-    taken: list[PlainMessage] = []
-    header_values: list[str] = []
-    starts: list[int] = []
-    for at, p in plains:
-        if p is None or p.state not in _LANE_STATES:
-            continue
-        f = p.failure
-        passed = [*p.headers.values(), p.key, p.correlation_id or "", p.conversation_id or "",
-                  *((f.exception_type, f.message, f.stack_trace, f.inner_exception_type or "") if f else ())]
-        text = "\t".join(passed)
-        if _ODD.search(text) or not _encodes(text):
-            continue
-        # What the example keeps real is rendered as the template's literal text: a NUL there could
-        # spell a marker (a property named "\x00key\x00" would be filled with the row's key).
-        real = [*p.headers, *p.enclosed_types, p.destination, p.reply_to or "", p.content_type or "",
-                *((f.failed_queue,) if f else ())]
-        if "\x00" in "".join(real):
-            continue
-        # An id is a marker where the row has one, so the key tells "has one" from None and "".
-        shape = (p.state, p.destination, p.reply_to, tuple(p.enclosed_types), p.content_type, p.priority,
-                 _has(p.correlation_id), _has(p.conversation_id),
-                 p.due is None, tuple(p.headers),
-                 None if f is None else (f.failed_queue, _has(f.inner_exception_type)))
-        g = shapes.get(shape)
-        if g is None:
-            g = shapes[shape] = len(examples)
-            examples.append(_example(p))
-        positions.append(at)
-        groups.append(g)
-        taken.append(p)
-        starts.append(len(header_values))
-        header_values += p.headers.values()
+    rows = [(at, p) for at, p in plains if p is not None and p.state in _LANE_STATES]
+    grouped = _grouped(rows, each=False)
+    if grouped is None:  # some row's text would not pass: each row is judged on its own
+        grouped = _grouped(rows, each=True)
+    assert grouped is not None
+    examples, positions, groups, taken, header_values, starts = grouped
     if not taken:
         return None
     sent = pa.array([p.time_sent for p in taken], _TIME)
@@ -112,6 +82,65 @@ def plain_columns_of(plains: Iterable[tuple[int, PlainMessage | None]]) -> Plain
         keys=[p.key for p in taken],
         unescaped=frozenset({"mid", "sent", "due", "failed_at"}),  # a scan source's key is any text
     )
+
+
+def _grouped(rows: list[tuple[int, PlainMessage]], each: bool
+             ) -> tuple[list[PlainMessage], list[int], list[int], list[PlainMessage], list[str], list[int]] | None:
+    """(examples, positions, groups, PlainMessages, header values, each row's first header value)
+    of the rows that take the lane. The text a row passes through is judged for the whole batch
+    at once (`each` False: None if any row's would not pass) or row by row (`each` True: such a
+    row stays off the lane); the names the example keeps real are in its group's key, so they are
+    judged once a group."""
+    shapes: dict[tuple, int] = {}
+    examples: list[PlainMessage] = []
+    positions: list[int] = []
+    groups: list[int] = []
+    taken: list[PlainMessage] = []
+    header_values: list[str] = []
+    starts: list[int] = []
+    passed: list[str] = []
+    for at, p in rows:
+        f = p.failure
+        if each and not _passes([*p.headers.values(), p.key, p.correlation_id or "", p.conversation_id or "",
+                                 *((f.exception_type, f.message, f.stack_trace, f.inner_exception_type or "") if f else ())]):
+            continue
+        # An id is a marker where the row has one, so the key tells "has one" from None and "".
+        shape = (p.state, p.destination, p.reply_to, tuple(p.enclosed_types), p.content_type, p.priority,
+                 _has(p.correlation_id), _has(p.conversation_id),
+                 p.due is None, tuple(p.headers),
+                 None if f is None else (f.failed_queue, _has(f.inner_exception_type)))
+        g = shapes.get(shape)
+        if g is None:
+            # What the example keeps real is rendered as the template's literal text: a NUL there could
+            # spell a marker (a property named "\x00key\x00" would be filled with the row's key).
+            real = [*p.headers, *p.enclosed_types, p.destination, p.reply_to or "", p.content_type or "",
+                    *((f.failed_queue,) if f else ())]
+            if "\x00" in "".join(real):
+                g = shapes[shape] = -1
+            else:
+                g = shapes[shape] = len(examples)
+                examples.append(_example(p))
+        if g < 0:
+            continue
+        positions.append(at)
+        groups.append(g)
+        taken.append(p)
+        starts.append(len(header_values))
+        header_values += p.headers.values()
+        if not each:
+            passed += (p.key, p.correlation_id or "", p.conversation_id or "")
+            if f:
+                passed += (f.exception_type, f.message, f.stack_trace, f.inner_exception_type or "")
+    if not each and not (_passes(header_values) and _passes(passed)):
+        return None
+    return examples, positions, groups, taken, header_values, starts
+
+
+def _passes(texts: list[str]) -> bool:
+    """Whether text the lane passes through holds no control character but a tab or a line break,
+    and nothing UTF-8 cannot encode (a lone surrogate)."""
+    text = "\t".join(texts)
+    return not _ODD.search(text) and _encodes(text)
 
 
 def _has(value: str | None) -> object:

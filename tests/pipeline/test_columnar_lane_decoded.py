@@ -105,6 +105,25 @@ def test_a_row_plain_gives_none_or_with_odd_text_is_left_to_the_per_row_lanes() 
     assert plain_columns_of([(0, None), (1, msg("k", "\x00"))]) is None
 
 
+def test_a_batch_judged_whole_takes_the_same_rows_and_groups_as_row_by_row() -> None:
+    """The lane judges a batch's text at once and a group's names once; a row that would not pass
+    sends the batch to the row-by-row judgment, and a name holding a NUL refuses its group only."""
+    from bridge.model import PlainMessage
+
+    def msg(key: str, headers: dict[str, str]) -> PlainMessage:
+        return PlainMessage("ready", "m", "openjms", "db", "q", key, "q", None, None, [], None,
+                            datetime(2024, 1, 1).astimezone(), None, headers, b"{}")
+
+    rows = [msg("k0", {"a": "x"}), msg("k1", {"b\x00": "x"}), msg("k2", {"c": "y"}), msg("k3", {"b\x00": "z"}),
+            msg("k4", {"a": "w"})]
+    clean = plain_columns_of(enumerate(rows))
+    assert clean is not None and clean.keys == ["k0", "k2", "k4"] and clean.groups.tolist() == [0, 1, 0]
+    assert clean.header_values.to_pylist() == ["x", "y", "w"] and clean.header_starts.tolist() == [0, 1, 2]
+    odd = plain_columns_of(enumerate([*rows, msg("k5", {"a": "bell\x07"})]))  # judged row by row: the same
+    assert odd is not None and odd.keys == clean.keys and odd.groups.tolist() == [0, 1, 0]
+    assert odd.header_values.to_pylist() == ["x", "y", "w"] and len(odd.examples) == len(clean.examples) == 2
+
+
 # -- property-based: JMS messages of every shape --------------------------------------------------
 _text = st.text(st.characters(codec="utf-8") | st.sampled_from(list("\"\\/\n\r\t\x00\x07\x1f\u2028é🚀")) | st.just("\ud800"),
                 max_size=12)

@@ -42,6 +42,10 @@ cdef extern from "zlib.h":
 cdef Py_ssize_t _MAX_ITEMS = MAX_ITEMS
 cdef int _VT_ARRAY = VT_ARRAY
 cdef int32_t _MAX_BLOCK = 1 << 20  # biztalk.MAX_BLOCK
+# A fragment whose blocks claim more is left to the Python reader, which builds the part block by
+# block and stops at the first block that does not inflate to its size: the headers alone could
+# claim a megabyte a 13-byte block, and this reader allocates the whole part before inflating.
+cdef Py_ssize_t _MAX_PART = 16 << 20
 
 
 class _Decline(Exception):
@@ -390,6 +394,8 @@ def decode_blocks(blob):
             return None
         pos += stored
         total += size
+        if total > _MAX_PART:
+            return None
     if pos != n:
         return None
     out = PyBytes_FromStringAndSize(NULL, total)

@@ -102,3 +102,18 @@ def test_a_block_that_inflates_past_its_size_is_refused_without_inflating_it_who
     packed = zlib.compress(b"\0" * (1 << 20))
     blob = struct.pack("<iii", 1, 10, len(packed)) + packed + struct.pack("<iii", 0, 0, 0)
     assert same_or_declined(blob) is None
+
+
+def test_blocks_that_claim_more_than_they_hold_are_refused_without_allocating_their_claim() -> None:
+    """Headers alone can claim a megabyte a 13-byte block: the compiled reader leaves a fragment
+    claiming more than 16 MiB to the Python reader (no MemoryError, no transient gigabyte), which
+    refuses it at its first block; a real part of 20 MiB still reads, by the Python reader."""
+    bogus = struct.pack("<iii", 1, 1 << 20, 1) + b"x"
+    blob = bogus * 200_000 + struct.pack("<iii", 0, 0, 0)
+    assert biztalk.COMPILED_BLOCKS is not None and biztalk.COMPILED_BLOCKS(blob) is None
+    with pytest.raises(BizTalkFormatError, match="inflates past its stated 1048576 bytes"):
+        decode_blocks(blob)
+    data = bytes(range(256)) * 4096  # 1 MiB a block
+    block = zlib.compress(data)
+    big = (struct.pack("<iii", 1, len(data), len(block)) + block) * 20 + struct.pack("<iii", 0, 0, 0)
+    assert decode_blocks(big) == data * 20

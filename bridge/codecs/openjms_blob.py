@@ -92,9 +92,15 @@ def decode_generic(blob: bytes) -> JmsMessage:
     try:
         top = read(blob)
         return _message(top)
+    except BlobError:
+        raise
     except JavaStreamError as e:
         raise BlobError(str(e)) from None
     except (struct.error, UnicodeDecodeError, RecursionError) as e:
+        raise BlobError(f"corrupt messageBlob: {e}") from None
+    except KeyError as e:  # a class whose fields are not OpenJMS's (a java.lang.Boolean without `value`)
+        raise BlobError(f"corrupt messageBlob: no field {e} where OpenJMS writes one") from None
+    except (TypeError, ValueError) as e:  # a field of another type than OpenJMS writes (a Character's chr())
         raise BlobError(f"corrupt messageBlob: {e}") from None
 
 

@@ -265,3 +265,16 @@ def test_the_compiled_modified_utf8_decoder_is_javasers(data: bytes) -> None:
     from bridge.codecs.openjms_native import modified_utf8
 
     assert repr(_decoded(modified_utf8, data)) == repr(_decoded(mutf8, data))
+
+
+def test_a_boxed_value_without_its_field_is_a_blob_error_not_a_key_error() -> None:
+    """A blob whose java.lang.Boolean class names its field otherwise (found by the mutation test):
+    the fast readers decline it and the generic one said KeyError('value'), which no caller reads
+    as a bad row; it is a BlobError that names the missing field."""
+    blob = (FIXTURES / "map_msg.bin").read_bytes()
+    needle = b"java.lang.Boolean\xcd r\x80\xd5\x9c\xfa\xee\x02\x00\x01Z\x00\x05value"
+    assert blob.count(needle) == 1
+    bad = blob.replace(needle, needle[:-5] + b"palue")
+    assert decode_fast(bad) is None
+    with pytest.raises(BlobError, match="no field 'value'"):
+        decode(bad)

@@ -154,14 +154,16 @@ def decode_context(blob: bytes) -> tuple[str, list[ContextProperty]]:
 
 
 def context_fields(blob: bytes, names: dict[str, dict[str, str]], name_of: Callable[[str, str], str],
-                   text_of: Callable[[Any], str]) -> ContextFields:
+                   text_of: Callable[[Any], str], memo: list[Any] | None = None) -> ContextFields:
     """What a message takes from its bag: (headers, the system MessageType, the error report's
     MessageType, the InterchangeID); BizTalkFormatError saying why not. A header is each written,
     promoted or was-promoted property, named by `names[namespace][property]` or else by
     `name_of(namespace, property)`, its value as it is where it is a str, else `text_of(value)`;
-    a property that comes again overwrites (its header keeps its first place)."""
+    a property that comes again overwrites (its header keeps its first place). `memo`: the
+    compiled reader's memory of the last bag's strings, the caller's to keep (empty at first, and
+    anew whenever the names `names` and `name_of` give change)."""
     if COMPILED_FIELDS is not None:
-        got = COMPILED_FIELDS(blob, names, name_of, text_of)
+        got = COMPILED_FIELDS(blob, names, name_of, text_of, memo)
         if got is not None:
             return got
     return context_fields_python(blob, names, name_of, text_of)

@@ -14,7 +14,7 @@ from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF16
 from libc.math cimport fabs, isnan, nearbyint
 from libc.stdio cimport snprintf
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from bridge.codecs.biztalk_values import (CLSID_C4, CLSID_D4, ERROR_NS, MAX_ITEMS, SYSTEM_NS, VT_ARRAY, ContextProperty,
@@ -155,8 +155,9 @@ cdef class _Bag:
             raise _Decline
         return n
 
-    cdef str string(self):
-        """int32 byte length (including the 2-byte NUL), UTF-16LE, NUL."""
+    cdef Py_ssize_t span(self, Py_ssize_t* size) except -1:
+        """The next string's place: int32 byte length (including the 2-byte NUL), UTF-16LE, NUL;
+        where its text starts, with its byte length (NUL excluded) in `size`."""
         cdef int32_t n = self.i32()
         cdef Py_ssize_t pos = self.pos, end
         if n < 2 or n % 2 or n > self.size - pos:
@@ -165,7 +166,13 @@ cdef class _Bag:
         if self.p[end - 2] or self.p[end - 1]:
             raise _Decline
         self.pos = end
-        return _utf16(self.p + pos, n - 2)
+        size[0] = n - 2
+        return pos
+
+    cdef str string(self):
+        cdef Py_ssize_t size
+        cdef Py_ssize_t pos = self.span(&size)
+        return _utf16(self.p + pos, size)
 
     cdef object scalar(self, int vt):
         cdef const unsigned char* b
@@ -231,6 +238,24 @@ cdef class _Bag:
         return value
 
 
+cdef class _Known:
+    """A string as a bag before held it (its UTF-16 bytes and text), and, for a property's name,
+    the namespace it was under, its header and which of the picked values it names."""
+    cdef bytes raw
+    cdef str text, namespace
+    cdef object header  # None until a property so named was a header
+    cdef int picks  # 1: the system MessageType, 2: the error report's, 3: the system InterchangeID
+
+
+cdef int _MEMO_MAX = 512  # strings of a bag remembered, in the order the bag holds them
+
+
+cdef int _picks(str name, str namespace):
+    if name == "MessageType":
+        return 1 if namespace == _SYSTEM_NS else 2 if namespace == _ERROR_NS else 0
+    return 3 if name == "InterchangeID" and namespace == _SYSTEM_NS else 0
+
+
 cdef class _Sink:
     """What a walk of a bag makes of each property: the property itself (decode_context), or its
     header and the values a message's fields pick (context_fields)."""
@@ -239,28 +264,58 @@ cdef class _Sink:
     cdef str space_of  # the namespace `space` holds the names of (a C4 group's properties share its str)
     cdef object name_of
     cdef public object message_type, report_type, interchange
+    cdef list memo  # _Known by place in the bag: the last bag's strings, for the next bag of the same layout
 
-    cdef int take(self, _Bag c, str name, str namespace, int32_t ptype) except -1:
+    cdef _Known recall(self, _Bag c, Py_ssize_t k, str namespace):
+        """The bag's next string (`namespace` None) or property name (under `namespace`), as
+        `c.string()` reads it, with what was known of it: the `k`th string of the last bag, where
+        this bag holds the same bytes there (under the same namespace), else made and remembered.
+        A queue's bags mostly share their names: no text made, hashed and looked up for them."""
+        cdef Py_ssize_t size
+        cdef Py_ssize_t pos = c.span(&size)
+        cdef _Known known
+        if k < len(self.memo):
+            known = <_Known>self.memo[k]
+            if (len(known.raw) == size and memcmp(PyBytes_AS_STRING(known.raw), c.p + pos, size) == 0
+                    and (known.namespace is namespace or known.namespace == namespace)):
+                return known
+        known = _Known()
+        known.raw = PyBytes_FromStringAndSize(<const char*>c.p + pos, size)
+        known.text = _utf16(c.p + pos, size)
+        known.namespace = namespace
+        if namespace is not None:
+            known.picks = _picks(known.text, namespace)
+        if k < len(self.memo):
+            self.memo[k] = known
+        elif k == len(self.memo) and k < _MEMO_MAX:
+            self.memo.append(known)
+        return known
+
+    cdef int take(self, _Bag c, str name, str namespace, int32_t ptype, _Known known=None) except -1:
         if self.props is not None:
             self.props.append(c.property(name, namespace, ptype))
             return 0
         value = c.value()
         # biztalk.py's ctx: the last property of a (namespace, name) holds its value
-        if name == "MessageType":
-            if namespace == _SYSTEM_NS:
-                self.message_type = value
-            elif namespace == _ERROR_NS:
-                self.report_type = value
-        elif name == "InterchangeID" and namespace == _SYSTEM_NS:
+        cdef int picks = _picks(name, namespace) if known is None else known.picks
+        if picks == 1:
+            self.message_type = value
+        elif picks == 2:
+            self.report_type = value
+        elif picks == 3:
             self.interchange = value
         if ptype & (1 | 2 | 16):  # written, promoted, was-promoted
-            if namespace is not self.space_of:
-                self.space = self.names.get(namespace)
-                self.space_of = namespace
-            header = None if self.space is None else self.space.get(name)
+            header = None if known is None else known.header
             if header is None:
-                header = self.name_of(namespace, name)
-                self.space_of = None  # name_of may have made the namespace's names
+                if namespace is not self.space_of:
+                    self.space = self.names.get(namespace)
+                    self.space_of = namespace
+                header = None if self.space is None else self.space.get(name)
+                if header is None:
+                    header = self.name_of(namespace, name)
+                    self.space_of = None  # name_of may have made the namespace's names
+                if known is not None:
+                    known.header = header
             text = _text(value)
             if text is None:  # spelled once the whole bag has read: a bag that does not read is not spelled
                 self.unspelled.append((header, value))
@@ -292,12 +347,25 @@ cdef str _ERROR_NS = ERROR_NS
 cdef object _walk(object blob, _Sink sink):
     """The bag's layout with every property given to `sink`; None where the Python reader decides."""
     cdef _Bag c = _Bag(bytes(blob))
-    cdef Py_ssize_t i, j, namespaces, count
+    cdef Py_ssize_t i, j, namespaces, count, k = 0
     cdef int32_t prefix, ptype
+    cdef _Known known
     try:
         clsid = c.data[:16]
         c.advance(16)
-        if clsid == CLSID_C4:
+        if clsid == CLSID_C4 and sink.memo is not None:
+            namespaces = c.count()
+            for i in range(namespaces):
+                namespace = sink.recall(c, k, None).text
+                k += 1
+                count = c.count()
+                for j in range(count):
+                    known = sink.recall(c, k, namespace)
+                    k += 1
+                    ptype = c.i32()
+                    sink.take(c, known.text, namespace, ptype, known)
+            layout = "C4"
+        elif clsid == CLSID_C4:
             namespaces = c.count()
             for i in range(namespaces):
                 namespace = c.string()
@@ -336,14 +404,17 @@ def decode_context(blob):
     return None if layout is None else (layout, sink.props)
 
 
-def context_fields(blob, dict names, name_of, text_of):
+def context_fields(blob, dict names, name_of, text_of, list memo=None):
     """What BizTalkSource makes of a bag, without its properties: (headers, the system
     MessageType, the error report's MessageType, the InterchangeID), as biztalk.context_fields
     makes them from decode_context's properties; None where that reader decides. `names` maps
     namespace -> property -> header name; `name_of(namespace, property)` names the others;
-    `text_of(value)` spells a value that is not a str."""
+    `text_of(value)` spells a value that is not a str. `memo`, where given, holds what the reader
+    knew of the last bag's strings for the next: the caller's, empty at first and again whenever
+    the header names `names` and `name_of` give change."""
     cdef _Sink sink = _Sink()
     sink.headers = {}
+    sink.memo = memo
     sink.names = names
     sink.name_of = name_of
     sink.unspelled = []

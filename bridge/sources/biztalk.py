@@ -80,6 +80,7 @@ class BizTalkSource(ScanSource):
         self.namespaces: dict[str, str] = {}
         self.header_names: dict[str, dict[str, str]] = {}  # namespace -> property -> header name
         self.header_count = 0
+        self.context_memo: list[Any] = []  # the compiled reader's memory of the last bag's names (context_fields)
         self.message_type_property: uuid.UUID | None = None
         self.mapping: Any = None
 
@@ -88,6 +89,7 @@ class BizTalkSource(ScanSource):
         self.namespaces = dict(mapping.biztalk.namespaces)
         self.header_names = {}  # namespace -> property -> header name, as `namespaces` names them
         self.header_count = 0
+        self.context_memo = []  # it holds header names: made anew with them
         prop = mapping.biztalk.message_type_property_id
         self.message_type_property = uuid.UUID(prop) if prop else None
 
@@ -290,7 +292,7 @@ class BizTalkSource(ScanSource):
     def context(self, blob: bytes) -> ContextFields:
         """An imgContext bag's headers and picked values (codecs.biztalk.context_fields), its
         properties named as this source's mapping names their namespaces."""
-        return context_fields(blob, self.header_names, self._header_name, header_text)
+        return context_fields(blob, self.header_names, self._header_name, header_text, self.context_memo)
 
     def _header_name(self, namespace: str, name: str) -> str:
         """A context property's header name, kept for the bags to come (`header_names`)."""

@@ -186,3 +186,76 @@ def _mutated(draw: st.DrawFn) -> bytes:
 @given(_mutated())
 def test_mutated_and_cut_bags_read_alike_or_decline(blob: bytes) -> None:
     same_or_declined(blob)
+
+
+# -- the memo: what the compiled reader knew of the last bag's strings ---------------------------------
+@st.composite
+def _bag_runs(draw: st.DrawFn) -> list[bytes]:
+    """A queue's bags as a memo meets them: a C4 bag, again, and changed here and there (a byte of
+    a name, a namespace, a value; cut short), in any order."""
+    base = draw(st.one_of(c4_bags(), st.sampled_from([p for p in BAGS if "d4" not in p.name and "real_ctx" not in p.name])
+                          .map(Path.read_bytes)))
+    out = []
+    for _ in range(draw(st.integers(2, 6))):
+        data = bytearray(base)
+        if data and draw(st.booleans()):
+            for _ in range(draw(st.integers(1, 2))):
+                data[draw(st.integers(16, max(16, len(data) - 1))) % len(data)] = draw(st.integers(0, 255))
+            if draw(st.booleans()):
+                data = data[:draw(st.integers(0, len(data)))]
+        out.append(bytes(data))
+    return out
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(_bag_runs())
+def test_a_memo_kept_from_bag_to_bag_reads_each_as_the_python_reader_does(blobs: list[bytes]) -> None:
+    assert biztalk.COMPILED_FIELDS is not None
+    memo: list = []
+    names_fast: dict = {SYSTEM_NS: {"MessageType": "BTS.MessageType"}}
+    names_slow: dict = {SYSTEM_NS: {"MessageType": "BTS.MessageType"}}
+
+    def namer(names: dict):
+        def name_of(namespace: str, name: str) -> str:
+            header = f"{namespace[-3:]}.{name}"
+            names.setdefault(namespace, {})[name] = header
+            return header
+        return name_of
+
+    for blob in blobs:
+        try:
+            slow = context_fields_python(blob, names_slow, namer(names_slow), header_text)
+        except (BizTalkFormatError, UnicodeEncodeError, TypeError):
+            slow = None
+        try:
+            fast = biztalk.COMPILED_FIELDS(blob, names_fast, namer(names_fast), header_text, memo)
+        except TypeError:  # a value header_text cannot spell: the Python reader raised it too
+            assert slow is None
+            continue
+        if slow is None:
+            assert fast is None
+            continue
+        assert fast is not None, "the compiled fields declined a bag the Python reader reads"
+        assert repr(fast) == repr(slow) and list(fast[0]) == list(slow[0])
+        assert [type(v) for v in fast[0].values()] == [type(v) for v in slow[0].values()]
+        assert [type(v) for v in fast[1:]] == [type(v) for v in slow[1:]]
+    assert len(memo) <= 512
+
+
+def test_the_memo_remembers_the_names_of_a_bag_and_answers_the_same_again() -> None:
+    blob = (HERE / "ctx_receive.bin").read_bytes()
+    names: dict = {}
+    calls: list = []
+
+    def name_of(namespace: str, name: str) -> str:
+        calls.append(name)
+        return f"{namespace[-3:]}.{name}"
+
+    memo: list = []
+    assert biztalk.COMPILED_FIELDS is not None
+    first = biztalk.COMPILED_FIELDS(blob, names, name_of, header_text, memo)
+    named = len(calls)
+    again = biztalk.COMPILED_FIELDS(blob, names, name_of, header_text, memo)
+    assert first == again == context_fields_python(blob, {}, name_of, header_text)
+    assert named == 28 and len(calls) == 28 + 28, "the second bag's names came from the memo, not name_of"
+    assert len(memo) == 6 + 28  # its namespaces and names, in the bag's order

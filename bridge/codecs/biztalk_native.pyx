@@ -24,6 +24,8 @@ cdef extern from "Python.h":
     double PyFloat_Unpack4(const char* p, int le) except? -1.0
     double PyFloat_Unpack8(const char* p, int le) except? -1.0
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    int PyUnicode_KIND(object text)
+    int PyUnicode_1BYTE_KIND
     void* PyUnicode_DATA(object text)
 
 cdef extern from "zlib.h":
@@ -124,6 +126,15 @@ cdef str _utf16(const unsigned char* s, Py_ssize_t size):
     for k in range(units):
         d[k] = s[2 * k]
     return text
+
+
+cdef Py_ssize_t _units(str name) except -2:
+    """len(name.encode("utf-16-le")) // 2, as the Python reader checks a D4 key's prefix: a str of
+    one-byte characters has one unit each; any other is encoded (its codec found by name each
+    time, most of a D4 property's cost before), and raises on a lone surrogate as it does there."""
+    if PyUnicode_KIND(name) == PyUnicode_1BYTE_KIND:
+        return len(name)
+    return len(name.encode("utf-16-le")) // 2
 
 
 cdef class _Bag:
@@ -383,7 +394,7 @@ cdef object _walk(object blob, _Sink sink):
                 ptype = c.i32()
                 name, sep, namespace = key.partition("^")
                 sink.take(c, name, namespace, ptype)
-                if sep and prefix != len(name.encode("utf-16-le")) // 2:
+                if sep and prefix != _units(name):
                     raise _Decline
             layout = "D4"
         else:

@@ -35,5 +35,6 @@ def tell_missing(module: str, what: str) -> None:
         return
     _told.add(module)
     log.warning("%s are read by the pure-Python reader: bridge.codecs.%s was not built (no C compiler when qbridge "
-                "was installed?); install gcc and the Python headers and reinstall qbridge for a reader about 5x faster",
+                "was installed?); install gcc, the Python headers and zlib's (Debian: zlib1g-dev) and reinstall qbridge "
+                "for a reader about 5x faster",
                 what, module)

@@ -49,6 +49,18 @@ class ClassDesc:
         return out[::-1]
 
 
+def _extend(desc: ClassDesc, superclass: ClassDesc | None) -> None:
+    """Sets `desc`'s superclass, refusing one whose chain leads back to `desc`: a back-reference
+    can name a descriptor still being read, and ClassDesc.chain() would then never end (a 63-byte
+    blob grew its list until the process ran out of memory)."""
+    c = superclass
+    while c is not None:
+        if c is desc:
+            raise JavaStreamError(f"class descriptor {desc.name} is its own superclass")
+        c = c.superclass
+    desc.superclass = superclass
+
+
 @dataclass(eq=False)
 class JavaObject:
     classdesc: ClassDesc
@@ -239,7 +251,7 @@ class Reader:
                 raise JavaStreamError(f"proxy interface count {count} out of range")
             desc.proxy_interfaces = [self.utf() for _ in range(count)]
             self.annotation()
-            desc.superclass = self.classdesc()
+            _extend(desc, self.classdesc())
             return desc
         if tc != TC_CLASSDESC:
             raise JavaStreamError(f"expected a class descriptor, found type code {tc:#04x}")
@@ -263,7 +275,7 @@ class Reader:
                 raise JavaStreamError(f"field {name}.{fname} has unknown type code {code!r}")
             desc.fields.append((code, fname, sig))
         self.annotation()
-        desc.superclass = self.classdesc()
+        _extend(desc, self.classdesc())
         return desc
 
     def annotation(self) -> list[Any]:

@@ -278,3 +278,24 @@ def test_a_boxed_value_without_its_field_is_a_blob_error_not_a_key_error() -> No
     assert decode_fast(bad) is None
     with pytest.raises(BlobError, match="no field 'value'"):
         decode(bad)
+
+
+def test_a_class_that_is_its_own_superclass_is_a_blob_error_not_an_endless_chain() -> None:
+    """A 63-byte blob (a review's): a class descriptor whose superclass is a back-reference to
+    itself. ClassDesc.chain() followed it forever, growing a list until the OOM killer took the
+    worker, at every pass over the row; it is a BlobError that says so."""
+    def utf(text: str) -> bytes:
+        return struct.pack(">H", len(text)) + text.encode()
+
+    blob = (b"\xac\xed\x00\x05" + b"\x73" + b"\x72" + utf("org.exolab.jms.message.TextMessageImpl") + struct.pack(">q", 1)
+            + b"\x02" + struct.pack(">h", 0) + b"\x78" + b"\x71" + struct.pack(">i", 0x7E0000))
+    assert len(blob) == 63 and decode_fast(blob) is None
+    with pytest.raises(BlobError, match="is its own superclass"):
+        decode(blob)
+    # two descriptors, each the other's superclass: the second names the first, still being read
+    two = (b"\xac\xed\x00\x05" + b"\x73" + b"\x72" + utf("org.exolab.jms.message.TextMessageImpl") + struct.pack(">q", 1)
+           + b"\x02" + struct.pack(">h", 0) + b"\x78"
+           + b"\x72" + utf("org.exolab.jms.message.MessageImpl") + struct.pack(">q", 1) + b"\x02" + struct.pack(">h", 0) + b"\x78"
+           + b"\x71" + struct.pack(">i", 0x7E0000))
+    with pytest.raises(BlobError, match="is its own superclass"):
+        decode(two)

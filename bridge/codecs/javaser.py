@@ -50,14 +50,10 @@ class ClassDesc:
 
 
 def _extend(desc: ClassDesc, superclass: ClassDesc | None) -> None:
-    """Sets `desc`'s superclass, refusing one whose chain leads back to `desc`: a back-reference
-    can name a descriptor still being read, and ClassDesc.chain() would then never end (a 63-byte
-    blob grew its list until the process ran out of memory)."""
-    c = superclass
-    while c is not None:
-        if c is desc:
-            raise JavaStreamError(f"class descriptor {desc.name} is its own superclass")
-        c = c.superclass
+    """Sets `desc`'s superclass unless its chain leads back to `desc` (a back-reference to a descriptor
+    still being read): ClassDesc.chain() would never end, a 63-byte blob ran the process out of memory."""
+    if any(c is desc for c in (superclass.chain() if superclass is not None else ())):
+        raise JavaStreamError(f"class descriptor {desc.name} is its own superclass")
     desc.superclass = superclass
 
 

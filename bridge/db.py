@@ -150,6 +150,9 @@ def read_only_engine(url: str, missing_ok: bool = False) -> sa.Engine:
     return engine.execution_options(postgresql_readonly=True) if engine.dialect.name == "postgresql" else engine
 
 
+READ_ONLY = "qbridge_read_only"  # an execution option: see reading()
+
+
 def _sqlite_immediate(engine: sa.Engine) -> None:
     """Every SQLite transaction takes the write lock up front (BEGIN IMMEDIATE).
 
@@ -163,7 +166,18 @@ def _sqlite_immediate(engine: sa.Engine) -> None:
 
     @sa.event.listens_for(engine, "begin")
     def _begin(conn: sa.Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READ_ONLY) else "BEGIN IMMEDIATE")
+
+
+def reading(engine: sa.Engine) -> sa.Connection:
+    """A connection for a reader that writes nothing (a job's books, for the status page, /metrics
+    and `qbridge status`). On SQLite its transactions begin DEFERRED: a shared lock at the first
+    read and no write lock, so a reader of two files never holds one file's write lock while it
+    waits for the other's. The books read the target's ledger, then the source; a job's pass locks
+    the source, then the target; with both IMMEDIATE they deadlocked until SQLite's 30 s busy
+    timeout gave up on one (CI of 2026-11-29: a batch took 30.07 s, the backlog went missing, and
+    the alerts on it flapped). Elsewhere it is an ordinary connection."""
+    return engine.connect().execution_options(**{READ_ONLY: True})
 
 
 def dispose_all() -> None:

@@ -18,6 +18,7 @@ from bridge.codecs.biztalk_values import (
     CLSID_C4,
     CLSID_D4,
     ERROR_NS,
+    MAX_BLOCK,
     MAX_ITEMS,
     SYSTEM_NS,
     VT_ARRAY,
@@ -36,7 +37,6 @@ ContextFields = tuple[dict[str, str], Any, Any, Any]
 COMPILED_FIELDS: Callable[..., ContextFields | None] | None = compiled("biztalk_native", "context_fields")
 # biztalk_native.decode_blocks: the same bytes as decode_blocks_python for a fragment that follows the layout, None for any other.
 COMPILED_BLOCKS: Callable[[bytes], bytes | None] | None = compiled("biztalk_native", "decode_blocks")
-MAX_BLOCK = 1 << 20  # BizTalk writes at most 35,840 bytes a block; anything near this is corrupt
 
 # VARTYPE -> (struct format, size); strings and special cases are handled apart.
 _SCALARS = {

@@ -17,8 +17,8 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint16_t, uint32_t, 
 from libc.string cimport memcmp, memcpy, memset
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
-from bridge.codecs.biztalk_values import (CLSID_C4, CLSID_D4, ERROR_NS, MAX_ITEMS, SYSTEM_NS, VT_ARRAY, ContextProperty,
-                                          currency, ole_date)
+from bridge.codecs.biztalk_values import (CLSID_C4, CLSID_D4, ERROR_NS, MAX_BLOCK, MAX_ITEMS, SYSTEM_NS, VT_ARRAY,
+                                          ContextProperty, currency, ole_date)
 
 cdef extern from "Python.h":
     double PyFloat_Unpack4(const char* p, int le) except? -1.0
@@ -43,7 +43,7 @@ cdef extern from "zlib.h":
 # as C values: a module global read in the loop is a dict lookup and a Python int each time
 cdef Py_ssize_t _MAX_ITEMS = MAX_ITEMS
 cdef int _VT_ARRAY = VT_ARRAY
-cdef int32_t _MAX_BLOCK = 1 << 20  # biztalk.MAX_BLOCK
+cdef int32_t _MAX_BLOCK = MAX_BLOCK
 # A fragment whose blocks claim more is left to the Python reader, which builds the part block by
 # block and stops at the first block that does not inflate to its size: the headers alone could
 # claim a megabyte a 13-byte block, and this reader allocates the whole part before inflating.

@@ -14,6 +14,7 @@ CLSID_C4 = bytes.fromhex("C4E0906C1849D311A24200C04F60A533")
 CLSID_D4 = bytes.fromhex("D4E0906C1849D311A24200C04F60A533")
 VT_ARRAY = 0x2000
 MAX_ITEMS = 1_000_000
+MAX_BLOCK = 1 << 20  # BizTalk writes at most 35,840 bytes a block; anything near this is corrupt
 OLE_EPOCH = datetime(1899, 12, 30)
 
 

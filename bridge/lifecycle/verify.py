@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.db import reading
 from bridge.ledger import job_state
 from bridge.ledger.totals import LEFT, OUTCOMES
 from bridge.pipeline.loop import SCAN_CHUNK, JobRunner
@@ -58,7 +59,7 @@ class JobBooks:
 def verify(runner: JobRunner, deep: bool = False) -> JobBooks:
     runner.check_ledger()
     books = _books(runner)
-    with runner.target_engine.connect() as tconn:
+    with reading(runner.target_engine) as tconn:
         by_rule = runner.state.skip_reasons(tconn, runner.job.name, runner.origins.values())
         counts = runner.state.counts(tconn, runner.job.name, runner.origins.values())
     for b in books.queues:
@@ -82,7 +83,7 @@ def verify(runner: JobRunner, deep: bool = False) -> JobBooks:
 def _books(runner: JobRunner) -> JobBooks:
     books = []
     job = runner.job.name
-    with runner.target_engine.connect() as tconn, runner.source_engine.connect() as sconn:
+    with reading(runner.target_engine) as tconn, reading(runner.source_engine) as sconn:
         checkpoints = runner.state.read_checkpoints(tconn, job)
         for queue, source in runner.sources.items():
             b = QueueBooks(queue)
@@ -184,7 +185,7 @@ def status(runner: JobRunner) -> dict[str, Any]:
     """Per job: last run, rows moved, lag, backlog, quarantine count (and per queue)."""
     job = runner.job.name
     runner.check_ledger()
-    with runner.target_engine.connect() as tconn:
+    with reading(runner.target_engine) as tconn:
         checkpoints = runner.state.read_checkpoints(tconn, job)
         counts = runner.state.counts(tconn, job, runner.origins.values())
         table = runner.state.job_state  # made by init, or by the first `run` on older books
@@ -192,7 +193,7 @@ def status(runner: JobRunner) -> dict[str, Any]:
     queues: list[dict[str, Any]] = []
     backlog_error = None
     try:
-        with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
+        with reading(runner.source_engine) as sconn, reading(runner.target_engine) as tconn:
             waiting = {q: waiting_in(runner, tconn, sconn, s, checkpoints.get(q)) for q, s in runner.sources.items()}
     except sa.exc.SQLAlchemyError as e:
         waiting = {}

@@ -14,7 +14,7 @@ from sqlalchemy import exc as sa_exc
 
 from bridge import tracing
 from bridge.config import Config, JobConfig, mask_url
-from bridge.db import describe, engine_for
+from bridge.db import describe, engine_for, reading
 from bridge.errors import RetryableError, SourceSchemaError, TargetSchemaError
 from bridge.identifiers import url_identity
 from bridge.ledger import giveback
@@ -270,7 +270,7 @@ class JobSetup:
         try:
             if not self.kept(self.state.steering.table):
                 return Steering(self.job.name)
-            with self.target_engine.connect() as tconn:
+            with reading(self.target_engine) as tconn:
                 return self.state.steering.read(tconn, [self.job.name])[self.job.name]
         except sa_exc.SQLAlchemyError as e:
             raise describe(e, self.job.target.connection, self.target_url) from None

@@ -229,8 +229,16 @@ class MetricsServer:
         self.thread = threading.Thread(target=self.server.serve_forever, name="qbridge-metrics", daemon=True)
 
     def _job_json(self, w: WorkerView) -> dict[str, Any]:
-        """`status --json`'s job, with the state as this process knows it (state_of)."""
-        books = self.books(w)
+        """`status --json`'s job, with the state as this process knows it (state_of). Books that
+        cannot be read (a database down, StaleBooks) make the job's entry say why under `error`,
+        beside what this process knows; the other jobs are shown as ever (before, a 500 and a
+        traceback in the run's log, at every request)."""
+        try:
+            books = self.books(w)
+        except Exception as e:  # noqa: BLE001 - one job's books must not hide the others'
+            state, why = state_of(w, {})
+            return {"job": w.name, "state": state, "state_reason": why,
+                    "error": str(getattr(e, "orig", None) or e).splitlines()[0]}
         state, why = state_of(w, books)
         return {**books, "state": state, "state_reason": why}
 

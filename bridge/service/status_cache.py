@@ -16,11 +16,15 @@ its whole `for:` again; with books that take longer than the timeout, QBridgeLag
 would never fire (CI of 2026-11-29: a 1 s scrape that computed the books timed out, and the
 alert test's alerts flapped).
 
-Books are not served stale for ever: once the last finished ones are older than `max_age`
-(a minute, or eight times their reading's duration) while a new reading still runs (a database
-that hangs), callers get StaleBooks, which names how old they are, instead of figures that froze.
-A reading that fails is kept as that failure for `fresh` seconds (a database that is down is not
-asked again by every scrape) and raised to every caller meanwhile.
+Books are not served stale for ever: once a reading has run longer than `max_age` (a minute, or
+eight times the last reading's duration) without finishing (a database that hangs), callers get
+StaleBooks, which names how old the last books are, instead of figures that froze. Books that
+are old only because nobody asked (a scrape a minute) are not stale: the caller that finds them
+expired starts the next reading. A caller that finds no books waits at most `wait` seconds for
+the reading under way. A reading that fails is kept as that failure for `fresh` seconds (a
+database that is down is not asked again by every scrape) and raised to every caller meanwhile.
+After `forget()` the next caller reads anew at once, whatever reading began before (its books are
+not kept, and nobody waits for it).
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 FRESH_SECONDS = 5.0
 MAX_AGE_SECONDS = 60.0
+WAIT_SECONDS = 10.0  # Prometheus's default scrape_timeout
 
 
 class StaleBooks(RuntimeError):
@@ -48,68 +53,97 @@ class _Reading:
     error: BaseException | None = None
 
 
+@dataclass
+class _Flight:
+    """A reading under way: at most one a job, begun by a caller."""
+
+    began: float
+    landed: threading.Event = field(default_factory=threading.Event)
+    reading: _Reading | None = None  # set before `landed`: for the callers that waited for it
+
+
 class StatusCache:
     def __init__(self, compute: Callable[[Any], dict[str, Any]], fresh: float = FRESH_SECONDS,
-                 clock: Callable[[], float] = time.monotonic, max_age: float = MAX_AGE_SECONDS) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_age: float = MAX_AGE_SECONDS,
+                 wait: float = WAIT_SECONDS) -> None:
         self.compute = compute
         self.fresh = fresh
         self.clock = clock
         self.max_age = max_age
+        self.wait = wait
         self._readings: dict[str, _Reading] = {}
-        self._locks: dict[str, threading.Lock] = {}  # held by whoever is reading the job's books
+        self._flights: dict[str, _Flight] = {}
         self._guard = threading.Lock()
-        self._generation = 0  # forget() raises it: books begun before are not kept
 
     def forget(self) -> None:
         """After an operator's action (a pause on the page): the next reader computes the books
-        afresh, so the page it is sent to shows the state the action produced, not one 5 s old."""
+        afresh, so the page it is sent to shows the state the action produced, not one 5 s old.
+        A reading under way lands unkept (it may predate the action)."""
         with self._guard:
-            self._generation += 1
             self._readings.clear()
+            self._flights.clear()
 
     def get(self, name: str, runner: Any) -> dict[str, Any]:
         """The job's books: read now if there are none yet, else the last finished ones (a new
         reading started in the background once they expire)."""
         with self._guard:
-            lock = self._locks.setdefault(name, threading.Lock())
-        have = self._readings.get(name)
-        if have is None:
-            with lock:  # the first reading: everyone waits for it, and only one reads
-                have = self._readings.get(name)
-                if have is None:
-                    have = self._read(name, runner)
-            return self._give(have)
-        if self.clock() >= have.expires and lock.acquire(blocking=False):
-            threading.Thread(target=self._read_then_release, args=(name, runner, lock), daemon=True,
-                             name=f"qbridge-books-{name}").start()
-        return self._give(have)
+            have, flight = self._readings.get(name), self._flights.get(name)
+            mine = None
+            if flight is None and (have is None or self.clock() >= have.expires):
+                mine = flight = self._flights[name] = _Flight(self.clock())
+        if have is None:  # the first reading: this caller's, or one under way
+            assert flight is not None  # with no books, this caller began one if none was under way
+            if mine is not None:
+                self._fly(name, runner, mine)
+            elif not flight.landed.wait(self.wait):
+                raise StaleBooks(f"the job's books are being read for the first time, for {self.clock() - flight.began:.0f} s "
+                                 "so far (a database that does not answer?)")
+            assert flight.reading is not None  # every flight lands with a reading
+            return self._give(flight.reading, None)
+        if mine is not None:
+            try:
+                threading.Thread(target=self._fly, args=(name, runner, mine), daemon=True, name=f"qbridge-books-{name}").start()
+            except BaseException:  # can't start new thread: land it, or no reading would ever begin again
+                self._land(name, mine, None)
+                raise
+        return self._give(have, flight)
 
-    def _give(self, reading: _Reading) -> dict[str, Any]:
+    def _give(self, reading: _Reading, flight: _Flight | None) -> dict[str, Any]:
+        if flight is not None and self.clock() - flight.began > max(self.max_age, 8 * reading.took):
+            raise StaleBooks(f"the job's books were last read {self.clock() - reading.done:.0f} s ago, and reading them "
+                             f"again has not finished in {self.clock() - flight.began:.0f} s (a database that does not answer?)")
         if reading.error is not None:
             raise reading.error.with_traceback(None)  # raised again and again: its traceback must not grow
-        age = self.clock() - reading.done
-        if age > max(self.max_age, 8 * reading.took):
-            raise StaleBooks(f"the job's books were last read {age:.0f} s ago, and reading them again has not "
-                             "finished (a database that does not answer?)")
         assert reading.books is not None
         return reading.books
 
-    def _read_then_release(self, name: str, runner: Any, lock: threading.Lock) -> None:
+    def _fly(self, name: str, runner: Any, flight: _Flight) -> None:
+        reading = None
         try:
-            self._read(name, runner)
+            reading = self._read(runner)
         finally:
-            lock.release()
+            self._land(name, flight, reading)
 
-    def _read(self, name: str, runner: Any) -> _Reading:
-        started, generation = self.clock(), self._generation
+    def _land(self, name: str, flight: _Flight, reading: _Reading | None) -> None:
+        """`reading` None: it never finished (a thread that did not start, a BaseException); the
+        last books stay, and the next caller begins another."""
+        with self._guard:
+            if self._flights.get(name) is flight:  # else forget() came meanwhile: these books may predate it
+                del self._flights[name]
+                if reading is not None:
+                    self._readings[name] = reading
+        if reading is None:  # for the callers that waited for it
+            now = self.clock()
+            reading = _Reading(now, now, 0.0, None, StaleBooks("the job's books could not be read"))
+        flight.reading = reading
+        flight.landed.set()
+
+    def _read(self, runner: Any) -> _Reading:
+        started = self.clock()
         try:
             books, error = self.compute(runner), None
         except Exception as e:  # noqa: BLE001 - kept, and raised to every caller until the next reading
             books, error = None, e
         done = self.clock()
         took = done - started
-        reading = _Reading(done + (self.fresh if error else max(self.fresh, 4 * took)), done, took, books, error)
-        with self._guard:
-            if generation == self._generation:  # else an action came meanwhile: these books may predate it
-                self._readings[name] = reading
-        return reading
+        return _Reading(done + (self.fresh if error else max(self.fresh, 4 * took)), done, took, books, error)

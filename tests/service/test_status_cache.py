@@ -5,21 +5,23 @@ failure shown rather than hidden."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from helpers import Bridge
 
 from bridge.service.status_cache import StaleBooks, StatusCache
 
 
-def _settle(cache: StatusCache, name: str = "j") -> None:
+def _settle(cache: StatusCache, name: str = "j", within: float = 10.0) -> None:
     """Until no reading of the job runs in the background."""
-    lock = cache._locks[name]
-    deadline = time.monotonic() + 10
-    while not lock.acquire(timeout=0.05):
-        assert time.monotonic() < deadline, "the background reading never finished"
-    lock.release()
+    flight = cache._flights.get(name)
+    if flight is not None:
+        assert flight.landed.wait(within), "the background reading never finished"
 
 
 def test_books_are_read_once_per_interval_and_a_caller_never_waits_once_there_are_some() -> None:
@@ -81,10 +83,10 @@ def test_a_reading_that_hangs_makes_the_books_stale_rather_than_frozen() -> None
     assert cache.get("j", 1) == {"lag": 1}
     now[0] = 30.0
     assert cache.get("j", 1) == {"lag": 1}  # the reading that hangs begins
-    now[0] = 59.0
-    assert cache.get("j", 1) == {"lag": 1}
-    now[0] = 61.0
-    with pytest.raises(StaleBooks, match=r"last read 61 s ago"):
+    now[0] = 89.0
+    assert cache.get("j", 1) == {"lag": 1}  # it has run 59 s
+    now[0] = 91.0
+    with pytest.raises(StaleBooks, match=r"last read 91 s ago, and reading them again has not finished in 61 s"):
         cache.get("j", 1)
     release.set()
     _settle(cache)
@@ -149,3 +151,151 @@ def test_after_an_action_the_next_caller_reads_afresh_and_a_reading_begun_before
     release.set()
     _settle(cache)
     assert cache.get("j", 1) == {"paused": True}
+
+
+# -- found by a review (helper-36) of the first version ------------------------------------------
+# -- 1 -------------------------------------------------------------------------------------------
+
+def test_books_are_not_stale_when_no_reading_hangs_only_because_nobody_asked_for_a_minute() -> None:
+    """Prometheus's default scrape_interval is 1m: each scrape finds the books one interval old
+    (less the few ms the reading took), and starts the next reading. None of them hangs."""
+    now = [0.0]
+    calls = [0]
+
+    def books(runner: int) -> dict:
+        calls[0] += 1
+        return {"n": calls[0]}
+
+    cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], max_age=60.0)
+    assert cache.get("j", 1) == {"n": 1}
+    stale = []
+    for scrape in range(1, 6):
+        now[0] = scrape * 60.5  # a scrape a minute, half a second late
+        try:
+            cache.get("j", 1)
+        except StaleBooks as e:
+            stale.append(str(e))
+        _settle(cache)  # the reading it started finished at once
+    assert calls[0] == 6  # every scrape started a reading, and every one of them finished
+    assert stale == [], f"{len(stale)} of 5 scrapes got StaleBooks with no reading hanging: {stale[0]}"
+
+
+def test_a_paused_job_is_not_shown_running_on_metrics_after_a_quiet_minute(tmp_path: Path) -> None:
+    """The same through /metrics' collector, on real SQLite books: a job an operator paused reads
+    as qbridge_job_state{state="running"} and loses qbridge_job_paused, because the collector
+    takes StaleBooks as a database that is down (books = {"queues": []})."""
+    from bridge.lifecycle.verify import status
+    from bridge.service.metrics import BridgeCollector
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    b.insert(b.ready(3))
+    assert b.cli("sync", "--once") == 0
+    runner = b.runner()
+    runner.state.steering.set_paused(runner.target_engine, "job1", True, "op", "maintenance window")
+    worker = SimpleNamespace(name="job1", runner=runner, failures=0, stopped_reason=None, last_success=time.time(),
+                             last_error=None, retries={}, allowance=60.0, lock=SimpleNamespace(held=True))
+    now = [0.0]
+    cache = StatusCache(status, clock=lambda: now[0])
+    collector = BridgeCollector([worker], lambda w: cache.get(w.name, w.runner))
+
+    def scrape() -> tuple[str, list[float]]:
+        families = {f.name: f for f in collector.collect()}
+        state = [s.labels["state"] for s in families["qbridge_job_state"].samples if s.value == 1.0]
+        return state[0], [s.value for s in families["qbridge_job_paused"].samples]
+
+    assert scrape() == ("paused", [1.0])
+    now[0] = 61.0  # the next scrape, a minute later (scrape_interval: 1m)
+    got = scrape()
+    _settle(cache, "job1", within=30)
+    assert got == ("paused", [1.0]), f"a paused job scraped a minute later reads as {got}"
+
+
+# -- 2 -------------------------------------------------------------------------------------------
+
+def test_after_forget_the_next_caller_does_not_wait_for_a_reading_begun_before_it() -> None:
+    """A background reading hangs (a legacy table under an ALTER, a network that drops packets);
+    the operator pauses the job on the page; forget(); the page the action redirects to, and every
+    scrape after it, wait for the hung reading, whose books forget() would discard anyway."""
+    now = [0.0]
+    state = {"paused": False}
+    hung, release = threading.Event(), threading.Event()
+    calls = [0]
+
+    def books(runner: int) -> dict:
+        calls[0] += 1
+        seen = dict(state)
+        if calls[0] == 2:  # begun before the action; does not finish
+            hung.set()
+            release.wait(30)
+        return seen
+
+    cache = StatusCache(books, fresh=5.0, clock=lambda: now[0])
+    assert cache.get("j", 1) == {"paused": False}
+    now[0] = 6.0
+    cache.get("j", 1)  # starts the reading that hangs
+    assert hung.wait(5)
+    state["paused"] = True
+    cache.forget()  # the page's pause went through
+    got: dict = {}
+    caller = threading.Thread(target=lambda: got.setdefault("books", cache.get("j", 1)), daemon=True)
+    started = time.monotonic()
+    caller.start()
+    caller.join(3)
+    waited = time.monotonic() - started
+    try:
+        assert not caller.is_alive(), f"the caller after forget() still waits after {waited:.1f} s for a reading begun before it"
+        assert got["books"] == {"paused": True}
+    finally:
+        release.set()
+        caller.join(10)
+
+
+# -- 3 -------------------------------------------------------------------------------------------
+
+def test_a_background_reading_whose_thread_cannot_start_does_not_keep_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`threading.Thread.start` raises RuntimeError("can't start new thread") under a pids or
+    memory limit. The job's lock, taken for that thread, must not stay taken."""
+    now = [0.0]
+    calls = [0]
+
+    def books(runner: int) -> dict:
+        calls[0] += 1
+        return {"n": calls[0]}
+
+    cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], max_age=60.0)
+    assert cache.get("j", 1) == {"n": 1}
+    now[0] = 6.0
+    real_start = threading.Thread.start
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    with contextlib.suppress(RuntimeError):
+        cache.get("j", 1)
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    now[0] = 12.0  # threads can start again
+    cache.get("j", 1)
+    _settle(cache)
+    assert cache.get("j", 1) == {"n": 2}, "the job's books were never read again"
+
+
+def test_a_first_reading_that_hangs_keeps_the_others_waiting_a_bounded_time() -> None:
+    release = threading.Event()
+
+    def hangs(runner: int) -> dict:
+        release.wait(30)
+        return {"ok": True}
+
+    cache = StatusCache(hangs, fresh=5.0, wait=0.5)
+    first = threading.Thread(target=cache.get, args=("j", 1), daemon=True)
+    first.start()  # the first caller reads, and hangs
+    time.sleep(0.2)
+    started = time.monotonic()
+    with pytest.raises(StaleBooks, match="being read for the first time"):
+        cache.get("j", 1)
+    assert time.monotonic() - started < 5
+    release.set()
+    first.join(10)
+    assert cache.get("j", 1) == {"ok": True}

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from bridge.commands.common import err, out, runners_of
 from bridge.config import load_config
+from bridge.db import reading
 from bridge.pipeline.loop import JobRunner
 
 
@@ -146,7 +147,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def steering_history(runner, limit: int) -> list[dict]:
     """The job's newest `limit` steering actions ([] on a target without the table: nothing was steered)."""
     book = runner.state.steering
-    with runner.target_engine.connect() as conn:
+    with reading(runner.target_engine) as conn:
         if not book.present(conn):
             return []
         return [{"at": a["at"].strftime("%Y-%m-%dT%H:%M:%SZ"), "action": a["action"], "actor": a["actor"], "why": a["why"],

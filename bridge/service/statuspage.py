@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from bridge.db import reading
 from bridge.ledger.steering import Steering
 from bridge.pipeline.stats import PassStats
 from bridge.service.view import WorkerView
@@ -194,14 +195,14 @@ def render(title: str, workers: Sequence[WorkerView], history: History, books_of
             parts.append(_queue_table(job, books))
         parts.append(chart(job, history.series(job)))
         try:  # the newest only, without their raw rows: this runs on every reload
-            with w.runner.target_engine.connect() as conn:
+            with reading(w.runner.target_engine) as conn:
                 rows = w.runner.state.quarantined(conn, job, raw=False, newest=QUARANTINE_SHOWN)
         except Exception:  # noqa: BLE001 - the page shows what it can
             rows = []
         quarantine_total += books["quarantined"] if books else len(rows)  # the ledger's count, as in the table above
         quarantine_rows += [(job, r) for r in rows]
         try:
-            with w.runner.target_engine.connect() as conn:
+            with reading(w.runner.target_engine) as conn:
                 paused = Steering.from_json(job, steering) if steering and steering["paused"] else None
                 refused = paused.replay_refused() if paused else None
                 groups_html += [_group_row(job, g, actions, query, refused) for g in w.runner.state.failure_groups(conn, job)]

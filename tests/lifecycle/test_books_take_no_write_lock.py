@@ -15,6 +15,7 @@ from typing import Any
 
 from helpers import Bridge
 
+from bridge.commands.books import steering_history
 from bridge.lifecycle.verify import status, verify
 
 
@@ -23,6 +24,7 @@ def _moved(tmp_path: Path) -> Bridge:
     assert b.cli("init") == 0
     b.insert(b.ready(3))
     assert b.cli("sync", "--once") == 0
+    assert b.cli("pause", "--job", "job1", "--why", "a look") == 0 and b.cli("resume", "--job", "job1") == 0
     b.insert(b.ready(2, start=100))
     return b
 
@@ -43,6 +45,7 @@ def test_the_books_are_read_while_a_pass_holds_each_file_write_lock(tmp_path: Pa
             started = time.monotonic()
             books = status(runner)
             checked = verify(runner)
+            history = steering_history(runner, 10)  # `status --history`
             took = time.monotonic() - started
         finally:
             writer.rollback()
@@ -50,6 +53,7 @@ def test_the_books_are_read_while_a_pass_holds_each_file_write_lock(tmp_path: Pa
         assert books["source_error"] is None, (held, books["source_error"])
         assert books["backlog"] == 2 and books["rows_moved"] == 3, (held, books)
         assert checked.queues[0].delivered == 3 and checked.balanced, (held, checked)
+        assert [a["action"] for a in history] == ["resumed", "paused"], history
         assert took < 10, f"the books waited {took:.1f} s for the write lock of {held}"
 
 

@@ -73,11 +73,12 @@ class BridgeCollector(Collector):
         for w in self.workers:
             job = w.name
             direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
+            read = True
             try:
                 books = self.books(w)
             except Exception as e:  # noqa: BLE001 - a database that is down must not break the scrape of the others
                 log.warning("job=%s metrics: %s", job, str(getattr(e, "orig", None) or e).splitlines()[0])
-                books = {"queues": []}
+                books, read = {"queues": []}, False
             for q in books["queues"]:
                 labels = [job, q["queue"]]
                 for outcome in ("delivered", "skipped", "quarantined"):
@@ -90,8 +91,9 @@ class BridgeCollector(Collector):
                 gaps.add_metric(labels, q["open_gaps"])
             held.add_metric([job], 1.0 if w.lock.held else 0.0)
             now, _ = state_of(w, books)
-            for state in job_state.STATES:
-                states.add_metric([job, state], 1.0 if state == now else 0.0)
+            if read or now in ("stopped", "failing"):  # else paused or held is unknown: no state, rather than "running"
+                for state in job_state.STATES:
+                    states.add_metric([job, state], 1.0 if state == now else 0.0)
             steering = books.get("steering")
             if steering is not None:
                 paused.add_metric([job], 1.0 if steering["paused"] else 0.0)
@@ -237,7 +239,8 @@ class MetricsServer:
             books = self.books(w)
         except Exception as e:  # noqa: BLE001 - one job's books must not hide the others'
             state, why = state_of(w, {})
-            return {"job": w.name, "state": state, "state_reason": why,
+            known = state in ("stopped", "failing")  # paused or held is in the books: unknown (null), not "running"
+            return {"job": w.name, "state": state if known else None, "state_reason": why if known else None,
                     "error": str(getattr(e, "orig", None) or e).splitlines()[0]}
         state, why = state_of(w, books)
         return {**books, "state": state, "state_reason": why}

@@ -63,4 +63,34 @@ def test_a_job_whose_books_fail_says_why_and_the_others_are_shown(tmp_path: Path
         server.stop()
     assert good["rows_moved"] == 2 and "error" not in good
     assert broken["job"] == "broken" and "no such table: qbridge_checkpoint" in broken["error"], broken
-    assert broken["state"] == "running"  # what the process knows: no failure of its own
+    assert broken["state"] is None  # paused or held is in the books: unknown, not "running"
+
+
+def test_metrics_show_no_state_for_a_job_whose_books_fail_unless_the_run_knows_it(tmp_path: Path) -> None:
+    """qbridge_job_state is 1 for the state the job is in; with its books unread, paused and held
+    are unknown, so no state is shown (before: running=1, which resolved QBridgeJobPausedLong for a
+    paused job); a job the run itself saw stop is shown stopped."""
+    from bridge.service.metrics import BridgeCollector
+
+    b = Bridge(tmp_path, f"sqlite:///{tmp_path}/l.db", f"sqlite:///{tmp_path}/n.db")
+    assert b.cli("init") == 0
+    assert b.cli("pause", "--job", "job1", "--why", "maintenance") == 0
+    runner = b.runner()
+    paused, stopped = _Worker("paused", runner, last_success=1.0), _Worker("stopped", runner, stopped_reason="a table gone")
+
+    def books(w: _Worker) -> dict:
+        raise RuntimeError("the job's books were last read 75 s ago")
+
+    def states(collector: BridgeCollector) -> dict[str, list[str]]:
+        family = next(f for f in collector.collect() if f.name == "qbridge_job_state")
+        out: dict[str, list[str]] = {}
+        for s in family.samples:
+            out.setdefault(s.labels["job"], [])
+            if s.value == 1.0:
+                out[s.labels["job"]].append(s.labels["state"])
+        return out
+
+    from bridge.lifecycle.verify import status
+
+    assert states(BridgeCollector([paused], lambda w: status(w.runner))) == {"paused": ["paused"]}
+    assert states(BridgeCollector([paused, stopped], books)) == {"stopped": ["stopped"]}

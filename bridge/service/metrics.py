@@ -200,7 +200,7 @@ class MetricsServer:
             if method == "POST" and path.startswith("/actions/"):
                 status_line, text = self.actions.handle(environ)
                 if status_line.startswith("303"):
-                    cache.forget()  # the page it is sent to shows what the action did
+                    cache.forget(environ.get("qbridge.job"))  # the page it is sent to shows what the action did to the job
                     said = urlencode({"said": text})
                     where = f"/{token_query}&{said}" if token_query else f"/?{said}"
                     start_response(status_line, [("Location", where), ("Content-Type", "text/plain; charset=utf-8")])

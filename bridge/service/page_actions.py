@@ -85,6 +85,7 @@ class PageActions:
         worker = self.workers.get(form.get("job", ""))
         if worker is None:
             return "400 Bad Request", f"no job {form.get('job')!r} runs here"
+        environ["qbridge.job"] = worker.name  # the job whose books the listener reads afresh after the action
         by = (form.get("by") or "").strip()[:60] or "someone"
         actor = f"{by} (status page, from {environ.get('REMOTE_ADDR', '?')})"
         why = (form.get("why") or "").strip()[:500] or None

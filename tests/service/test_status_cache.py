@@ -289,8 +289,8 @@ def test_a_first_reading_that_hangs_keeps_the_others_waiting_a_bounded_time() ->
         return {"ok": True}
 
     cache = StatusCache(hangs, fresh=5.0, wait=0.5)
-    first = threading.Thread(target=cache.get, args=("j", 1), daemon=True)
-    first.start()  # the first caller reads, and hangs
+    first = threading.Thread(target=_quietly, args=(cache, "j"), daemon=True)
+    first.start()  # the first caller begins the reading, which hangs
     time.sleep(0.2)
     started = time.monotonic()
     with pytest.raises(StaleBooks, match="being read for the first time"):
@@ -298,4 +298,190 @@ def test_a_first_reading_that_hangs_keeps_the_others_waiting_a_bounded_time() ->
     assert time.monotonic() - started < 5
     release.set()
     first.join(10)
+    _settle(cache)  # released is not landed: the first caller no longer waits for it past `wait`
     assert cache.get("j", 1) == {"ok": True}
+
+
+def _quietly(cache: StatusCache, name: str) -> None:
+    with contextlib.suppress(StaleBooks):
+        cache.get(name, 1)
+
+
+# -- found by a second review (helper-37) ---------------------------------------------------------
+
+# -- A: the bound on waiting for a first reading is per caller, not per reading ------------------
+
+def test_while_first_readings_hang_a_scrape_does_not_wait_wait_seconds_per_job_every_time() -> None:
+    """The first readings of three jobs hang (a database that does not answer, at start or after
+    forget()). Each caller that finds no books waits the full `wait` (10 s, Prometheus's default
+    scrape_timeout) however long the reading has already run: the collector asks job after job,
+    so every scrape takes jobs x wait, for as long as the database hangs, and times out: every
+    series of every job (healthy ones too) goes stale, and every alert flaps."""
+    release = threading.Event()
+
+    def hangs(runner: int) -> dict:
+        release.wait(30)
+        return {"ok": True}
+
+    jobs = ("a", "b", "c")
+    cache = StatusCache(hangs, fresh=5.0, wait=0.5)
+    first = [threading.Thread(target=_quietly, args=(cache, j), daemon=True) for j in jobs]
+    for t in first:
+        t.start()  # the first caller of each job reads, and hangs
+    try:
+        time.sleep(1.0)  # every reading has run over `wait` now
+        for scrape in range(2):
+            started = time.monotonic()
+            for j in jobs:
+                with pytest.raises(StaleBooks):
+                    cache.get(j, 1)
+            took = time.monotonic() - started
+            assert took < 0.4, (f"scrape {scrape + 1}: {took:.1f} s for three jobs whose readings have hung for over "
+                                "`wait` already (jobs x wait, at every scrape)")
+    finally:
+        release.set()
+        for t in first:
+            t.join(10)
+
+
+# -- B: a first reading after forget() that hangs keeps its caller without bound -----------------
+
+def test_after_forget_with_a_database_that_hangs_the_page_does_not_hang() -> None:
+    """The database hangs; the background reading has hung; the job's callers get StaleBooks at
+    once. The operator pauses the job on the page: forget(); the page the action redirects to
+    finds no books, makes the first reading itself, and waits for it as long as the database
+    hangs (before the action it was told StaleBooks at once). The same for a scrape that comes
+    first after the action: it waits past scrape_timeout, and its request thread stays."""
+    now = [0.0]
+    release = threading.Event()
+    calls = [0]
+
+    def books(runner: int) -> dict:
+        calls[0] += 1
+        if calls[0] >= 2:  # the database stops answering
+            release.wait(30)
+        return {"n": calls[0]}
+
+    cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], wait=0.5)
+    assert cache.get("j", 1) == {"n": 1}
+    now[0] = 6.0
+    cache.get("j", 1)  # the background reading, which hangs
+    cache.forget()  # the page's pause went through
+    got: dict = {}
+
+    def page() -> None:
+        try:
+            got["books"] = cache.get("j", 1)
+        except StaleBooks as e:
+            got["stale"] = e
+
+    caller = threading.Thread(target=page, daemon=True)
+    started = time.monotonic()
+    caller.start()
+    caller.join(3)
+    waited = time.monotonic() - started
+    try:
+        assert not caller.is_alive(), f"the page after forget() still waits after {waited:.1f} s (wait is 0.5 s)"
+        assert "stale" in got
+    finally:
+        release.set()
+        caller.join(10)
+
+
+# -- C: a thread that cannot start: an error instead of good books; a reading that never lands: frozen books
+
+def test_a_background_reading_whose_thread_cannot_start_leaves_the_caller_the_last_books(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a pids or memory limit Thread.start raises RuntimeError. The caller has good books in
+    hand (expired a second ago) but gets the RuntimeError: /metrics' collector takes it for a
+    database that is down (books = {"queues": []}), so a paused job reads as
+    qbridge_job_state{state="running"}, loses qbridge_job_paused, and its queues' series go stale
+    (the flapping the cache exists to prevent)."""
+    now = [0.0]
+
+    def books(runner: int) -> dict:
+        return {"n": 1}
+
+    cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], max_age=60.0)
+    assert cache.get("j", 1) == {"n": 1}
+    now[0] = 6.0
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    assert cache.get("j", 1) == {"n": 1}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_books_whose_new_readings_never_land_turn_stale_rather_than_freeze(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reading that ends without books (a thread that cannot start, a BaseException in the
+    reading: the docstring of _land's own cases) leaves no flight, so no reading ever 'runs longer
+    than max_age': if every reading ends so, the last books are served for ever as current (or, for
+    a thread that cannot start, an error is). They must turn StaleBooks as a hung reading's do."""
+    now = [0.0]
+    calls = [0]
+
+    def books(runner: int) -> dict:
+        calls[0] += 1
+        if calls[0] >= 2:
+            raise SystemExit("a reading that never finishes with books")  # not an Exception: not kept
+        return {"n": calls[0]}
+
+    cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], max_age=60.0)
+    assert cache.get("j", 1) == {"n": 1}
+    got = []
+    for t in range(6, 300, 15):  # a scrape every 15 s for five minutes
+        now[0] = float(t)
+        try:
+            got.append(cache.get("j", 1))
+        except StaleBooks:
+            got.append("stale")
+        _settle(cache)
+    assert calls[0] > 10  # a reading was begun again and again
+    assert got[-1] == "stale", f"after {now[0]:.0f} s with no reading landed the books are still served: {got[-1]}"
+    assert got[0] == {"n": 1}  # not stale at once
+
+
+def test_a_thread_that_never_starts_makes_the_books_stale_in_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    cache = StatusCache(lambda runner: {"n": 1}, fresh=5.0, clock=lambda: now[0], max_age=60.0)
+    assert cache.get("j", 1) == {"n": 1}
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    with pytest.raises(StaleBooks):
+        for t in range(6, 300, 15):
+            now[0] = float(t)
+            cache.get("j", 1)
+
+
+# -- D: forget() after an action on one job makes the next scrape read every job's books itself --
+
+def test_an_action_on_one_job_does_not_make_the_next_scrape_read_the_other_jobs_books() -> None:
+    """forget() empties the books of every job; the page's action names one. The next caller of
+    every other job (a scrape, as often as not) finds no books and reads them itself: a scrape
+    after any action waits for every job's reading (30 s each for a large BizTalk store), times
+    out, and every series goes stale. Only the job the action changed needs reading afresh."""
+    now = [0.0]
+    reads: list[str] = []
+    slow_b = threading.Event()
+
+    def books(runner: str) -> dict:
+        reads.append(runner)
+        if runner == "b" and slow_b.is_set():
+            time.sleep(2)  # a large store: its keys take a while to walk
+        return {"job": runner, "read": len(reads)}
+
+    cache = StatusCache(books, fresh=5.0, clock=lambda: now[0])
+    assert cache.get("a", "a")["job"] == "a" and cache.get("b", "b")["job"] == "b"
+    now[0] = 1.0  # both fresh
+    slow_b.set()
+    cache.forget("a")  # the page paused job a
+    started = time.monotonic()
+    assert cache.get("b", "b") == {"job": "b", "read": 2}  # a scrape: b's books as they were
+    assert time.monotonic() - started < 1, "a scrape after an action on job a waited for job b's books"
+    assert reads == ["a", "b"], "job b's fresh books were thrown away by an action on job a"
+    assert cache.get("a", "a") == {"job": "a", "read": 3}  # job a: afresh, at once

@@ -25,6 +25,7 @@ from bridge.pipeline.leftovers import Leftovers
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.oldest import Oldest
 from bridge.pipeline.read_ahead import next_batch
+from bridge.pipeline.sqlite_order import sqlite_pass_order
 from bridge.pipeline.stats import REFILLS_A_WALK, SCAN_CHUNK, SCAN_RESERVE, PassStats, chunked
 from bridge.retry import RETRIES
 from bridge.sources import Source, SourceRow
@@ -47,17 +48,18 @@ class Passes(Leftovers):
             return stats
 
     def _run_pass(self, queue: str) -> PassStats:
-        self._prepare(queue)
-        move = self.job.mode == "move"
-        if move:
-            self._consume_pending(queue)
-        started = time.monotonic()
-        stats = PassStats(queue)
-        source = self.sources[queue]
-        consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
-        if consume:
-            faults.reached("after_source_commit")
-            self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._settle_version, self.fence)
+        with sqlite_pass_order(self.source_url, self.target_url):  # two SQLite files: one lock order (sqlite_order)
+            self._prepare(queue)
+            move = self.job.mode == "move"
+            if move:
+                self._consume_pending(queue)
+            started = time.monotonic()
+            stats = PassStats(queue)
+            source = self.sources[queue]
+            consume = self._in_source_tx(source, stats, lambda sconn: self._pass(sconn, source, stats, lock=move))
+            if consume:
+                faults.reached("after_source_commit")
+                self.state.settle_pending(self.target_engine, self.job.name, queue, consume, self._settle_version, self.fence)
         stats.seconds = time.monotonic() - started
         self._log(stats)
         return stats

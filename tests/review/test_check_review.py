@@ -183,7 +183,7 @@ def test_check_appends_its_pid_to_the_jobs_sqlite_lock_file(tmp_path: Path) -> N
         assert b.cli("init") == 0
         b.insert(b.ready(1))
         assert b.cli("sync", "--once") == 0  # the job's first run makes its lock file
-        [lock] = [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]
+        [lock] = [p for p in tmp_path.iterdir() if ".qbridge.job." in p.name]  # not the passes' order lock
         before = lock.read_bytes()
         code, _ = checked(b.config)
         after = lock.read_bytes()

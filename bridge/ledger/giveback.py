@@ -37,6 +37,7 @@ import sqlalchemy as sa
 
 from bridge import faults, tracing
 from bridge.ledger import giveback_marks
+from bridge.ledger.sqlite_order import sqlite_pass_order
 from bridge.ledger.state import LedgerEntry, Quarantined, State, naive_utc
 from bridge.timefmt import utcnow
 
@@ -151,7 +152,8 @@ def _under_lock(runner: Any, queue: str) -> Iterator[tuple[sa.Connection, sa.Roo
     the queue's books at a time). The legacy one begins first, as a pass's does (SQLite takes a
     file's write lock at BEGIN); the caller commits it, and what it leaves open is rolled back.
     The target one commits on leaving, after the caller's legacy commit."""
-    with runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
+    with sqlite_pass_order(runner.source_url, runner.target_url), \
+            runner.source_engine.connect() as sconn, runner.target_engine.connect() as tconn:
         stx = sconn.begin()
         try:
             with tconn.begin():

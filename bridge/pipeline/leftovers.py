@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from bridge import faults
+from bridge.ledger.sqlite_order import sqlite_pass_order
 from bridge.pipeline.batch import Batch
 
 log = logging.getLogger("qbridge.batch")
@@ -40,7 +41,8 @@ class Leftovers(Batch):
         consumed; units take no checkpoint lock, so nothing waits in a circle."""
         n = 0
         for batch in flights:
-            with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
+            with sqlite_pass_order(self.source_url, self.target_url), \
+                    self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
                 stx = sconn.begin()  # first, as a pass's (SQLite takes a file's write lock at BEGIN)
                 try:
                     with tconn.begin():
@@ -63,7 +65,8 @@ class Leftovers(Batch):
     def _consume_checkpoint_pending(self, queue: str) -> None:
         # The source transaction begins first, as a pass's does: SQLite takes a file's write
         # lock at BEGIN, and two orders would wait on each other (two jobs sharing both files).
-        with self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
+        with sqlite_pass_order(self.source_url, self.target_url), \
+                self.source_engine.connect() as sconn, self.target_engine.connect() as tconn:
             stx = sconn.begin()
             try:
                 with tconn.begin():

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from bridge import faults, tracing
 from bridge.ledger import giveback
 from bridge.ledger.gaps import Gap, expire, fill, holes
+from bridge.ledger.sqlite_order import sqlite_pass_order
 from bridge.ledger.state import merge_pending, pending_key
 from bridge.ledger.totals import FOLD_EVERY
 from bridge.pipeline.columnar import ahead_columns
@@ -25,7 +26,6 @@ from bridge.pipeline.leftovers import Leftovers
 from bridge.pipeline.logcontext import about
 from bridge.pipeline.oldest import Oldest
 from bridge.pipeline.read_ahead import next_batch
-from bridge.pipeline.sqlite_order import sqlite_pass_order
 from bridge.pipeline.stats import REFILLS_A_WALK, SCAN_CHUNK, SCAN_RESERVE, PassStats, chunked
 from bridge.retry import RETRIES
 from bridge.sources import Source, SourceRow

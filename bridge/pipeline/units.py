@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from bridge import faults, tracing
 from bridge.errors import TargetSchemaError
 from bridge.ledger.gaps import Gap, holes
+from bridge.ledger.sqlite_order import sqlite_pass_order
 from bridge.pipeline.job import LedgerConflict
 from bridge.pipeline.passes import Passes
 from bridge.pipeline.stats import PassStats, RangeResult
@@ -161,7 +162,8 @@ class Units(Passes):
             stats.t_write += time.perf_counter() - fetched - attempt.t_map
             return consume
 
-        self._in_source_tx(source, stats, deliver)
+        with sqlite_pass_order(self.source_url, self.target_url):  # as a pass's (sqlite_order)
+            self._in_source_tx(source, stats, deliver)
         rows = read[0]
         if flight:
             with self.target_engine.begin() as tconn:

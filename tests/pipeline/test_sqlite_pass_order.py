@@ -4,27 +4,28 @@ traffic both ways. A pass locks its source, then its target, each file whole; th
 pass locked them in the other order, each waited for the other until SQLite's 30 s busy timeout
 failed both, and their equal back-offs met again (2026-11-29: two batches in a minute, and the
 legacy writers waited 30 s). Now such passes first take an flock beside the lower-named file
-(bridge.pipeline.sqlite_order)."""
+(bridge.ledger.sqlite_order)."""
 
 from __future__ import annotations
 
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import datetime
 from pathlib import Path
 
 import orjson
-import pytest
 import sqlalchemy as sa
 
 from bridge.commands.main import main as cli_main
 from bridge.demo.run import build
 from bridge.demo.samples import nginn_row
 from bridge.errors import RetryableError
-from bridge.pipeline.sqlite_order import sqlite_pass_order
+from bridge.ledger.sqlite_order import sqlite_pass_order
+from bridge.timefmt import to_wire, utcnow
 
 
 def _reply(n: int) -> tuple[str, str, bytes]:
@@ -33,7 +34,7 @@ def _reply(n: int) -> tuple[str, str, bytes]:
                "NServiceBus.EnclosedMessageTypes": "Orders.Messages.OrderAccepted, Orders.Messages",
                "NServiceBus.ContentType": "application/json", "NServiceBus.OriginatingEndpoint": "Orders",
                "NServiceBus.ReplyToAddress": "Orders",
-               "NServiceBus.TimeSent": datetime.utcnow().strftime("%Y-%m-%d %H:%M:%S:%f") + " Z"}
+               "NServiceBus.TimeSent": to_wire(utcnow())}
     return str(uuid.uuid4()), orjson.dumps(headers).decode(), b'{"OrderId":1}'
 
 
@@ -87,9 +88,22 @@ def test_the_order_lock_is_taken_only_between_two_sqlite_files(tmp_path: Path) -
         assert not list(tmp_path.glob("*.lock"))
     with sqlite_pass_order(b, a):  # the lower-named file's, whichever way the pass goes
         assert [p.name for p in tmp_path.glob("*.lock")] == ["a.db.qbridge-pass.lock"]
-        started = time.monotonic()
-        with pytest.raises(RetryableError, match="another pass between"), sqlite_pass_order(a, b, wait=0.3):
+        with sqlite_pass_order(a, b, wait=0.3):  # this thread holds it already: no second flock
             pass
-        assert time.monotonic() - started >= 0.3
+        raised: list[BaseException] = []
+
+        def other_pass() -> None:  # another thread: a flock of its own, which waits
+            started = time.monotonic()
+            try:
+                with sqlite_pass_order(a, b, wait=0.3):
+                    pass
+            except RetryableError as e:
+                raised.append(e)
+            assert time.monotonic() - started >= 0.3
+
+        t = threading.Thread(target=other_pass)
+        t.start()
+        t.join(10)
+        assert len(raised) == 1 and "a.db.qbridge-pass.lock for 0 s" in str(raised[0]), raised
     with sqlite_pass_order(a, b, wait=0.3):  # released
         pass

@@ -107,3 +107,12 @@ def test_the_order_lock_is_taken_only_between_two_sqlite_files(tmp_path: Path) -
         assert len(raised) == 1 and "a.db.qbridge-pass.lock for 0 s" in str(raised[0]), raised
     with sqlite_pass_order(a, b, wait=0.3):  # released
         pass
+
+
+def test_a_lock_file_that_cannot_be_opened_leaves_the_pass_unordered_not_failed(tmp_path: Path) -> None:
+    """No descriptor to spare for a moment, or a directory qbridge cannot write: the pass goes on as
+    before this lock, and SQLite says what is wrong with its own files (a shortage is retried there)."""
+    entered = False
+    with sqlite_pass_order(f"sqlite:///{tmp_path}/a-missing/x.db", f"sqlite:///{tmp_path}/b.db"):
+        entered = True
+    assert entered and not list(tmp_path.rglob("*.lock"))

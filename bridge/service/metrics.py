@@ -73,12 +73,12 @@ class BridgeCollector(Collector):
         for w in self.workers:
             job = w.name
             direction = "to_legacy" if w.runner.job.reverse else "to_nservicebus"
-            read = True
+            read: dict[str, Any] | None
             try:
-                books = self.books(w)
+                books = read = self.books(w)
             except Exception as e:  # noqa: BLE001 - a database that is down must not break the scrape of the others
                 log.warning("job=%s metrics: %s", job, str(getattr(e, "orig", None) or e).splitlines()[0])
-                books, read = {"queues": []}, False
+                books, read = {"queues": []}, None
             for q in books["queues"]:
                 labels = [job, q["queue"]]
                 for outcome in ("delivered", "skipped", "quarantined"):
@@ -90,8 +90,8 @@ class BridgeCollector(Collector):
                     lag.add_metric(labels, q["lag_seconds"])
                 gaps.add_metric(labels, q["open_gaps"])
             held.add_metric([job], 1.0 if w.lock.held else 0.0)
-            now, _ = state_of(w, books)
-            if read or now in ("stopped", "failing"):  # else paused or held is unknown: no state, rather than "running"
+            now, _ = state_of(w, read)
+            if now is not None:  # unknown (books unread): no state, rather than a "running" guessed
                 for state in job_state.STATES:
                     states.add_metric([job, state], 1.0 if state == now else 0.0)
             steering = books.get("steering")
@@ -112,14 +112,18 @@ class BridgeCollector(Collector):
                     rate, throttled)
 
 
-def state_of(w: WorkerView, books: dict[str, Any]) -> tuple[str, str | None]:
+def state_of(w: WorkerView, books: dict[str, Any] | None) -> tuple[str | None, str | None]:
     """(state, why) of a job this process runs: what it knows itself first (stopped, failing, or
     a run since it started, which makes the books' word of an earlier process old), else the
-    books' (`status --json`'s: what the process running it wrote, a standby's view)."""
+    books' (`status --json`'s: what the process running it wrote, a standby's view). Books None
+    (they cannot be read): (None, None) unless stopped or failing, since paused and held are in
+    the books, and a "running" would be a guess."""
     if w.stopped_reason:
         return "stopped", w.stopped_reason
     if w.failures:
         return "failing", w.last_error
+    if books is None:
+        return None, None
     if w.last_success is not None:
         return job_state.overall(job_state.RunState(), books.get("steering"))
     return books.get("state") or "running", books.get("state_reason")
@@ -238,10 +242,8 @@ class MetricsServer:
         try:
             books = self.books(w)
         except Exception as e:  # noqa: BLE001 - one job's books must not hide the others'
-            state, why = state_of(w, {})
-            known = state in ("stopped", "failing")  # paused or held is in the books: unknown (null), not "running"
-            return {"job": w.name, "state": state if known else None, "state_reason": why if known else None,
-                    "error": str(getattr(e, "orig", None) or e).splitlines()[0]}
+            state, why = state_of(w, None)
+            return {"job": w.name, "state": state, "state_reason": why, "error": str(getattr(e, "orig", None) or e).splitlines()[0]}
         state, why = state_of(w, books)
         return {**books, "state": state, "state_reason": why}
 

@@ -20,18 +20,33 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import sqlalchemy as sa
+from helpers import MAPPING, TZ
 
 from bridge import faults
 from bridge.commands.main import main as cli_main
 from bridge.config import load_config
 from bridge.db import engine_for
-from bridge.pipeline.loop import JobRunner
 from bridge.demo.samples import create_nginn_queue, nginn_row
-from helpers import MAPPING, TZ
+from bridge.pipeline.loop import JobRunner
 
 
 class Died(Exception):
     """A pass cut off where a test says (its connection dropped at that point)."""
+
+def dies_before_its_source_commit(monkeypatch: pytest.MonkeyPatch, runner: JobRunner, queue: str) -> None:
+    """`runner`'s pass of `queue` delivers and dies before its source commit: its keys stay pending."""
+    real = faults.reached
+
+    def dying(point: str) -> None:
+        if point == "after_target_commit":
+            raise Died("the source connection dropped at the commit")
+        real(point)
+
+    monkeypatch.setattr(faults, "reached", dying)
+    with pytest.raises(Died):
+        runner.run_pass(queue)
+    monkeypatch.setattr(faults, "reached", real)
+
 
 
 def _two_jobs_on_sqlite(tmp: Path) -> tuple[str, str, Path]:
@@ -75,17 +90,7 @@ def test_consume_pending_and_another_jobs_pass_do_not_wait_on_each_other_sqlite(
     one, two = JobRunner(config, config.job("job1")), JobRunner(config, config.job("job2"))
 
     # job2's pass delivers MQueue2 and dies before its source commit: 5 keys pending.
-    real = faults.reached
-
-    def dying(point: str) -> None:
-        if point == "after_target_commit":
-            raise Died("the source connection dropped at the commit")
-        real(point)
-
-    monkeypatch.setattr(faults, "reached", dying)
-    with pytest.raises(Died):
-        two.run_pass("MQueue2")
-    monkeypatch.setattr(faults, "reached", real)
+    dies_before_its_source_commit(monkeypatch, two, "MQueue2")
 
     # job1's pass has begun its source transaction (SQLite: the legacy file's write lock) when
     # job2's next pass, in another scheduler thread, locks its checkpoint to consume those keys.

@@ -24,21 +24,16 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
-from bridge import faults
 from bridge.commands.main import main as cli_main
 from bridge.config import load_config
 from bridge.db import engine_for
 from bridge.demo.run import build
 from bridge.lifecycle.rollback import rollback
 from bridge.pipeline.loop import JobRunner
+from tests.pipeline.test_consume_pending_lock_order import dies_before_its_source_commit
 from tests.pipeline.test_sqlite_pass_order import _reply
-
-
-class Died(Exception):
-    """A pass cut off between its target and its source commit."""
 
 
 def _demo(tmp: Path, forward_mode: str = "copy") -> tuple[Path, Path, Path]:
@@ -140,17 +135,7 @@ def test_a_rollback_settling_pending_keys_and_a_reverse_pass_do_not_wait_on_each
     forward, reverse = JobRunner(config, config.job("nginn-orders")), JobRunner(config, config.job("nginn-replies"))
     forward.check()
     reverse.check()
-    real = faults.reached
-
-    def dying(point: str) -> None:
-        if point == "after_target_commit":
-            raise Died("the legacy connection dropped before its commit")
-        real(point)
-
-    monkeypatch.setattr(faults, "reached", dying)
-    with pytest.raises(Died):
-        forward.run_pass("MQueue1")
-    monkeypatch.setattr(faults, "reached", real)
+    dies_before_its_source_commit(monkeypatch, forward, "MQueue1")
 
     f_holds, gate = _meet(legacy, nsb)
     forward._consume_checkpoint_pending = _gated(forward._consume_checkpoint_pending, gate)  # legacy, then NServiceBus

@@ -24,6 +24,21 @@ def _settle(cache: StatusCache, name: str = "j", within: float = 10.0) -> None:
         assert flight.landed.wait(within), "the background reading never finished"
 
 
+class _Counting:
+    """A reading whose books say how many readings there were: {"n": 1}, {"n": 2} ..."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, runner: int) -> dict:
+        self.calls += 1
+        return {"n": self.calls}
+
+
+def _cannot_start(self: threading.Thread) -> None:  # Thread.start under a pids or memory limit
+    raise RuntimeError("can't start new thread")
+
+
 def test_books_are_read_once_per_interval_and_a_caller_never_waits_once_there_are_some() -> None:
     now = [0.0]
     calls: list[int] = []
@@ -160,12 +175,7 @@ def test_books_are_not_stale_when_no_reading_hangs_only_because_nobody_asked_for
     """Prometheus's default scrape_interval is 1m: each scrape finds the books one interval old
     (less the few ms the reading took), and starts the next reading. None of them hangs."""
     now = [0.0]
-    calls = [0]
-
-    def books(runner: int) -> dict:
-        calls[0] += 1
-        return {"n": calls[0]}
-
+    books = _Counting()
     cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], max_age=60.0)
     assert cache.get("j", 1) == {"n": 1}
     stale = []
@@ -176,7 +186,7 @@ def test_books_are_not_stale_when_no_reading_hangs_only_because_nobody_asked_for
         except StaleBooks as e:
             stale.append(str(e))
         _settle(cache)  # the reading it started finished at once
-    assert calls[0] == 6  # every scrape started a reading, and every one of them finished
+    assert books.calls == 6  # every scrape started a reading, and every one of them finished
     assert stale == [], f"{len(stale)} of 5 scrapes got StaleBooks with no reading hanging: {stale[0]}"
 
 
@@ -257,21 +267,12 @@ def test_a_background_reading_whose_thread_cannot_start_does_not_keep_the_lock(m
     """`threading.Thread.start` raises RuntimeError("can't start new thread") under a pids or
     memory limit. The job's lock, taken for that thread, must not stay taken."""
     now = [0.0]
-    calls = [0]
-
-    def books(runner: int) -> dict:
-        calls[0] += 1
-        return {"n": calls[0]}
-
+    books = _Counting()
     cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], max_age=60.0)
     assert cache.get("j", 1) == {"n": 1}
     now[0] = 6.0
     real_start = threading.Thread.start
-
-    def cannot_start(self: threading.Thread) -> None:
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    monkeypatch.setattr(threading.Thread, "start", _cannot_start)
     with contextlib.suppress(RuntimeError):
         cache.get("j", 1)
     monkeypatch.setattr(threading.Thread, "start", real_start)
@@ -405,11 +406,7 @@ def test_a_background_reading_whose_thread_cannot_start_leaves_the_caller_the_la
     cache = StatusCache(books, fresh=5.0, clock=lambda: now[0], max_age=60.0)
     assert cache.get("j", 1) == {"n": 1}
     now[0] = 6.0
-
-    def cannot_start(self: threading.Thread) -> None:
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    monkeypatch.setattr(threading.Thread, "start", _cannot_start)
     assert cache.get("j", 1) == {"n": 1}
 
 
@@ -447,11 +444,7 @@ def test_a_thread_that_never_starts_makes_the_books_stale_in_the_end(monkeypatch
     now = [0.0]
     cache = StatusCache(lambda runner: {"n": 1}, fresh=5.0, clock=lambda: now[0], max_age=60.0)
     assert cache.get("j", 1) == {"n": 1}
-
-    def cannot_start(self: threading.Thread) -> None:
-        raise RuntimeError("can't start new thread")
-
-    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    monkeypatch.setattr(threading.Thread, "start", _cannot_start)
     with pytest.raises(StaleBooks):
         for t in range(6, 300, 15):
             now[0] = float(t)

@@ -158,7 +158,8 @@ class QuarantineDesk:
                 with r.target_engine.begin() as tconn:
                     r.state.lock_checkpoint(tconn, r.job.name, queue)
                     r.state.totals.fold(tconn, r.job.name, queue, origin)
-            except sa.exc.SQLAlchemyError as e:  # the counts are right unfolded; the queue's next pass folds
+            except (sa.exc.SQLAlchemyError, RuntimeError) as e:  # unfolded, the counts are right: the next pass
+                # folds (RuntimeError: the queue has no checkpoint row, so no lock to fold under)
                 log.warning("job=%s queue=%s: the totals were not folded after a replay or discard (%s); the "
                             "queue's next pass folds them", r.job.name, queue, e)
 

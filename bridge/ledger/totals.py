@@ -18,6 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.ledger.innodb import locks_what_it_scans
 from bridge.targets.bulk import insert_values
 from bridge.timefmt import naive_utc, utcnow
 
@@ -103,12 +104,7 @@ class Totals:
         if len(rows) <= len(sums):
             return 0
         ids = [r[0] for r in rows]
-        if conn.dialect.name in ("mysql", "mariadb"):
-            # By primary key, one id a statement: InnoDB plans a DELETE ... IN of a small table as
-            # a full scan, which under REPEATABLE READ locks every row it passes and waits on rows
-            # other transactions inserted and have not committed, of any queue: a quarantine
-            # replay's message transaction adds its totals before it locks this checkpoint, and
-            # the two deadlocked (tests/review/test_quarantine_fold_review.py).
+        if locks_what_it_scans(conn):  # a quarantine replay's message adds its totals, then waits on this checkpoint
             conn.execute(sa.delete(t).where(t.c.id == sa.bindparam("id_")), [{"id_": i} for i in ids])
         else:
             for start in range(0, len(ids), 1000):

@@ -306,7 +306,7 @@ class QuarantineDesk:
         """Locks the ledger entry; False when someone settled it since it was listed. Keeps the
         entry's origin for the totals its settling moves."""
         l = self.state.ledger
-        stmt = sa.select(l.c.outcome, l.c.origin).where(self._entry(q))
+        stmt = sa.select(l.c.outcome, l.c.origin).where(self._entry(tconn, q))
         if tconn.dialect.name != "sqlite":
             stmt = stmt.with_for_update()
         row = tconn.execute(stmt).first()
@@ -315,15 +315,23 @@ class QuarantineDesk:
         self._origins[q["message_id"]] = int(row[1])
         return True
 
-    def _entry(self, q: dict[str, Any]) -> sa.ColumnElement[bool]:
-        """The ledger entry of a quarantined message, by its key. A message quarantined under
-        another source identity than today's (the replay refuses it; discard does not) is found
-        by its message id and job instead: the message id is not indexed, so that takes a scan."""
+    def _entry(self, conn: sa.Connection, q: dict[str, Any]) -> sa.ColumnElement[bool]:
+        """The ledger entry of a quarantined message, by its primary key (origin, source key). A
+        message quarantined under another source identity than today's (the replay refuses it;
+        discard does not) has another origin: it is found by its message id, job and key first,
+        in a read that locks nothing (the message id is not indexed, so that takes a scan), and
+        then locked and changed by its primary key with its message id checked again. A scan that
+        locked (SELECT ... FOR UPDATE, UPDATE) held every entry it passed on MariaDB, and
+        deadlocked with a pass writing its entries (bridge/ledger/innodb.py)."""
         r, l = self.runner, self.state.ledger
         system, queue, key = r.job.source.system, q["queue"], q["source_key"]
         if str(message_id_for(system, r.database, queue, key)) == q["message_id"]:
             return sa.and_(l.c.origin == queue_origin(system, r.database, queue), l.c.source_key == key)
-        return sa.and_(l.c.message_id == q["message_id"], l.c.job == r.job.name, l.c.queue == queue)
+        origin = conn.execute(sa.select(l.c.origin).where(l.c.message_id == q["message_id"], l.c.job == r.job.name,
+                                                          l.c.queue == queue, l.c.source_key == key)).scalar()
+        if origin is None:
+            return sa.false()
+        return sa.and_(l.c.origin == origin, l.c.source_key == key, l.c.message_id == q["message_id"])
 
     def _gone(self, q: dict[str, Any]) -> Outcome:
         return Outcome(self.runner.job.name, q["queue"], q["message_id"], q["source_key"], "not-quarantined", "",
@@ -333,13 +341,13 @@ class QuarantineDesk:
         s = self.state
         tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"])
                       .values(reason=reason, grp=group_of(self.runner.job.name, q["queue"], reason)))
-        tconn.execute(sa.update(s.ledger).where(self._entry(q)).values(reason=reason[:500]))
+        tconn.execute(sa.update(s.ledger).where(self._entry(tconn, q)).values(reason=reason[:500]))
         self._audit(tconn, q, "replay-failed", "quarantined", reason)
 
     def _settle(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str,
                 target: str | None, ledger_reason: str | None) -> None:
         s = self.state
-        tconn.execute(sa.update(s.ledger).where(self._entry(q))
+        tconn.execute(sa.update(s.ledger).where(self._entry(tconn, q))
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
                               at=naive_utc(utcnow())))
         moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1, (RELEASED, None): 1})

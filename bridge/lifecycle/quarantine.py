@@ -306,7 +306,7 @@ class QuarantineDesk:
         """Locks the ledger entry; False when someone settled it since it was listed. Keeps the
         entry's origin for the totals its settling moves."""
         l = self.state.ledger
-        stmt = sa.select(l.c.outcome, l.c.origin).where(self._entry(tconn, q))
+        stmt = sa.select(l.c.outcome, l.c.origin).where(self._entry(q))
         if tconn.dialect.name != "sqlite":
             stmt = stmt.with_for_update()
         row = tconn.execute(stmt).first()
@@ -315,20 +315,26 @@ class QuarantineDesk:
         self._origins[q["message_id"]] = int(row[1])
         return True
 
-    def _entry(self, conn: sa.Connection, q: dict[str, Any]) -> sa.ColumnElement[bool]:
+    def _entry(self, q: dict[str, Any], origin: int | None = None) -> sa.ColumnElement[bool]:
         """The ledger entry of a quarantined message, by its primary key (origin, source key). A
         message quarantined under another source identity than today's (the replay refuses it;
-        discard does not) has another origin: it is found by its message id, job and key first,
-        in a read that locks nothing (the message id is not indexed, so that takes a scan), and
-        then locked and changed by its primary key with its message id checked again. A scan that
-        locked (SELECT ... FOR UPDATE, UPDATE) held every entry it passed on MariaDB, and
-        deadlocked with a pass writing its entries (bridge/ledger/innodb.py)."""
+        discard does not) has another origin: `origin` once the entry is locked, else found by
+        its message id, job and key (the message id is not indexed: a scan) in a read that
+        locks nothing, on a connection of its own, and then locked and changed by its primary
+        key with its message id checked again. A scan that locked (SELECT ... FOR UPDATE,
+        UPDATE) held every entry it passed on MariaDB and deadlocked with a pass writing its
+        entries (bridge/ledger/innodb.py); the read in the caller's transaction would fix its
+        snapshot before the lock, and with MariaDB's snapshot isolation (the default from 11.6)
+        the lock of an entry another operator settled meanwhile failed with 1020, not "settled
+        by someone else" (tests/review/test_pk_locks_review.py)."""
         r, l = self.runner, self.state.ledger
         system, queue, key = r.job.source.system, q["queue"], q["source_key"]
         if str(message_id_for(system, r.database, queue, key)) == q["message_id"]:
             return sa.and_(l.c.origin == queue_origin(system, r.database, queue), l.c.source_key == key)
-        origin = conn.execute(sa.select(l.c.origin).where(l.c.message_id == q["message_id"], l.c.job == r.job.name,
-                                                          l.c.queue == queue, l.c.source_key == key)).scalar()
+        if origin is None:
+            with r.target_engine.connect() as look:
+                origin = look.execute(sa.select(l.c.origin).where(l.c.message_id == q["message_id"], l.c.job == r.job.name,
+                                                                  l.c.queue == queue, l.c.source_key == key)).scalar()
         if origin is None:
             return sa.false()
         return sa.and_(l.c.origin == origin, l.c.source_key == key, l.c.message_id == q["message_id"])
@@ -341,13 +347,14 @@ class QuarantineDesk:
         s = self.state
         tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"])
                       .values(reason=reason, grp=group_of(self.runner.job.name, q["queue"], reason)))
-        tconn.execute(sa.update(s.ledger).where(self._entry(tconn, q)).values(reason=reason[:500]))
+        entry = self._entry(q, self._origins.pop(q["message_id"], None))  # locked by _still_quarantined
+        tconn.execute(sa.update(s.ledger).where(entry).values(reason=reason[:500]))
         self._audit(tconn, q, "replay-failed", "quarantined", reason)
 
     def _settle(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str,
                 target: str | None, ledger_reason: str | None) -> None:
         s = self.state
-        tconn.execute(sa.update(s.ledger).where(self._entry(tconn, q))
+        tconn.execute(sa.update(s.ledger).where(self._entry(q, self._origins.get(q["message_id"])))
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
                               at=naive_utc(utcnow())))
         moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1, (RELEASED, None): 1})

@@ -25,7 +25,8 @@ _RETRYABLE_SQLSTATES = ("08", "40001", "40P01", "55P03", "57014", "57P01", "57P0
 _RETRYABLE_MESSAGES = re.compile(
     r"deadlock|lock wait timeout|lock request time out|could not connect|connection refused|"
     r"server closed the connection|terminating connection|connection (is )?closed|"
-    r"can't connect|lost connection|gone away|database is locked|timeout expired|the database system is",
+    r"can't connect|lost connection|gone away|database is locked|timeout expired|the database system is|"
+    r"try restarting transaction",  # InnoDB: 1213 a deadlock, 1020 a row changed under snapshot isolation
     re.IGNORECASE,
 )
 

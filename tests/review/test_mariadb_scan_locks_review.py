@@ -84,6 +84,40 @@ class _Thread(threading.Thread):
             self.error = str(getattr(e, "orig", e)).splitlines()[0]
 
 
+def finish_beside(engine: sa.Engine, conn: sa.Connection, tx: sa.RootTransaction, other: threading.Thread,
+                  rest: Any) -> str | None:
+    """Once `other` (started) waits on a lock, runs `rest(conn)` and commits `tx`; returns that
+    transaction's error (its first line) or None, with `other` ended."""
+    deadline = time.monotonic() + 10
+    while _waiting(engine) == 0 and other.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    error = None
+    try:
+        rest(conn)
+        tx.commit()
+    except sa.exc.DBAPIError as e:
+        error = str(e.orig).splitlines()[0]
+    finally:
+        conn.close()
+    other.join(timeout=60)
+    assert not other.is_alive()
+    return error
+
+
+def quarantined_under_an_old_identity(engine: sa.Engine, state: State, job: str, queue: str, key: str) -> tuple[int, str, Any]:
+    """A message of `queue` quarantined before jobs[].source.database changed from "olddb" to "db":
+    its entry's origin, its message id and when it was quarantined."""
+    old_origin = queue_origin(SYSTEM, "olddb", queue)
+    mid = str(message_id_for(SYSTEM, "olddb", queue, key))
+    at = naive_utc(utcnow() - timedelta(days=1))
+    with engine.begin() as conn:
+        insert_values(conn, state.ledger, LEDGER_COLUMNS,
+                      [_entry(old_origin, key, job, queue, "quarantined", at, database="olddb")])
+        conn.execute(sa.insert(state.quarantine).values(message_id=mid, job=job, queue=queue, source_key=key,
+                                                        reason="bad body", raw="{}", at=at, grp="g"))
+    return old_origin, mid, at
+
+
 def _against_a_pass(engine: sa.Engine, state: State, job: str, queue: str, origin: int, keys: list[str],
                     other: _Thread) -> tuple[str | None, str | None]:
     """A pass of `job`/`queue` recording entries `keys` in that order, one row an execution as
@@ -95,20 +129,12 @@ def _against_a_pass(engine: sa.Engine, state: State, job: str, queue: str, origi
     state.lock_checkpoint(bob, job, queue)
     insert_values(bob, state.ledger, LEDGER_COLUMNS, [_entry(origin, keys[0], job, queue)])
     other.start()
-    deadline = time.monotonic() + 10
-    while _waiting(engine) == 0 and other.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the scan stopped at the pass's first entry
-    error = None
-    try:
+
+    def rest(conn: sa.Connection) -> None:
         for key in keys[1:]:
-            insert_values(bob, state.ledger, LEDGER_COLUMNS, [_entry(origin, key, job, queue)])
-        tx.commit()
-    except sa.exc.DBAPIError as e:
-        error = str(e.orig).splitlines()[0]
-    finally:
-        bob.close()
-    other.join(timeout=60)
-    assert not other.is_alive()
+            insert_values(conn, state.ledger, LEDGER_COLUMNS, [_entry(origin, key, job, queue)])
+
+    error = finish_beside(engine, bob, tx, other, rest)
     return error, other.error
 
 
@@ -141,15 +167,9 @@ def test_a_discard_of_a_message_quarantined_under_another_identity_deadlocks_wit
         mariadb_database: str) -> None:
     engine, state = _books(mariadb_database)
     queue, job = "Q1", "job1"
-    old_origin, origin = queue_origin(SYSTEM, "olddb", queue), queue_origin(SYSTEM, "db", queue)
-    key = "m-0"
-    mid = str(message_id_for(SYSTEM, "olddb", queue, key))
-    at = naive_utc(utcnow() - timedelta(days=1))
-    with engine.begin() as conn:  # quarantined before jobs[].source.database was changed to "db"
-        insert_values(conn, state.ledger, LEDGER_COLUMNS,
-                      [_entry(old_origin, key, job, queue, "quarantined", at, database="olddb")])
-        conn.execute(sa.insert(state.quarantine).values(message_id=mid, job=job, queue=queue, source_key=key,
-                                                        reason="bad body", raw="{}", at=at, grp="g"))
+    origin, key = queue_origin(SYSTEM, "db", queue), "m-0"
+    _, mid, at = quarantined_under_an_old_identity(engine, state, job, queue, key)
+    with engine.begin() as conn:
         insert_values(conn, state.ledger, LEDGER_COLUMNS, [_entry(origin, k, job, queue) for k in ("b-2", "b-4", "b-6")])
     l = state.ledger
     plan = _plan(engine, sa.select(l.c.outcome).where(l.c.message_id == mid, l.c.job == job, l.c.queue == queue)

@@ -17,7 +17,6 @@ Finding (a test that fails on the code as it stands):
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,12 +24,9 @@ import pytest
 import sqlalchemy as sa
 
 from bridge.db import engine_for
-from bridge.ledger.state import LEDGER_COLUMNS
 from bridge.lifecycle.quarantine import QuarantineDesk
-from bridge.model import message_id_for, queue_origin
-from bridge.targets.bulk import insert_values
 from bridge.timefmt import naive_utc, utcnow
-from tests.review.test_mariadb_scan_locks_review import SYSTEM, _books, _entry, _Thread
+from tests.review.test_mariadb_scan_locks_review import SYSTEM, _books, _Thread, quarantined_under_an_old_identity
 
 
 def _locking_read_waits(engine: sa.Engine) -> bool:
@@ -48,14 +44,7 @@ def test_a_second_discard_of_a_message_quarantined_under_another_identity_fails_
         mariadb_database: str) -> None:
     engine, state = _books(mariadb_database)
     queue, job, key = "Q1", "job1", "m-0"
-    old_origin = queue_origin(SYSTEM, "olddb", queue)
-    mid = str(message_id_for(SYSTEM, "olddb", queue, key))
-    at = naive_utc(utcnow() - timedelta(days=1))
-    with engine.begin() as conn:  # quarantined before jobs[].source.database was changed to "db"
-        insert_values(conn, state.ledger, LEDGER_COLUMNS,
-                      [_entry(old_origin, key, job, queue, "quarantined", at, database="olddb")])
-        conn.execute(sa.insert(state.quarantine).values(message_id=mid, job=job, queue=queue, source_key=key,
-                                                        reason="bad body", raw="{}", at=at, grp="g"))
+    old_origin, mid, at = quarantined_under_an_old_identity(engine, state, job, queue, key)
 
     # The desk's engine as on MariaDB 11.6.2+ (innodb_snapshot_isolation defaults to ON there).
     desk_engine = engine_for(mariadb_database)

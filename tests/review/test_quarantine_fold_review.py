@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from types import SimpleNamespace
 
@@ -32,6 +31,7 @@ from bridge.ledger.state import State
 from bridge.ledger.totals import RELEASED
 from bridge.lifecycle.quarantine import QuarantineDesk
 from helpers import MAPPING, Bridge
+from tests.review.test_mariadb_scan_locks_review import finish_beside
 from tests.lifecycle.test_quarantine_groups import NO_CATCH_ALL, seed
 
 JOB, QUEUE, ORIGIN = "job1", "MQueue1", 42
@@ -41,12 +41,6 @@ MOVED = Counter({("quarantined", None): -1, (RELEASED, None): 1, ("delivered", N
 def _runner(engine: sa.Engine, state: State) -> SimpleNamespace:
     """What _fold reads of a JobRunner."""
     return SimpleNamespace(target_engine=engine, state=state, job=SimpleNamespace(name=JOB), sources={QUEUE: object()})
-
-
-def _waiting(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return conn.execute(sa.text("select count(*) from information_schema.innodb_trx "
-                                    "where trx_state = 'LOCK WAIT'")).scalar_one()
 
 
 @pytest.mark.mariadb
@@ -72,19 +66,7 @@ def test_a_fold_beside_another_move_mode_replay_of_the_queue_deadlocks_on_mariad
     caplog.set_level(logging.WARNING, logger="qbridge.quarantine")
     fold = threading.Thread(target=desk._fold)
     fold.start()
-    deadline = time.monotonic() + 10
-    while _waiting(engine) == 0 and fold.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the fold holds the checkpoint and waits on Bob's totals row
-    bob_error = None
-    try:
-        state.add_pending(bob, JOB, QUEUE, ["7"])
-        bob_tx.commit()
-    except sa.exc.DBAPIError as e:
-        bob_error = str(e.orig).splitlines()[0]
-    finally:
-        bob.close()
-    fold.join(timeout=60)
-    assert not fold.is_alive()
+    bob_error = finish_beside(engine, bob, bob_tx, fold, lambda conn: state.add_pending(conn, JOB, QUEUE, ["7"]))
     not_folded = [r.getMessage() for r in caplog.records if "not folded" in r.getMessage()]
     assert (bob_error, not_folded) == (None, []), "the fold and a replay's message transaction deadlocked"
     with engine.connect() as conn:

@@ -23,8 +23,8 @@ from bridge.errors import BridgeError, DriverMissing, RetryableError, SetupError
 _RETRYABLE_SQLSTATES = ("08", "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "53100", "53200", "53300",
                         "HYT00", "HYT01")
 _RETRYABLE_MESSAGES = re.compile(
-    r"deadlock|lock wait timeout|lock request time out|could not connect|connection refused|try restarting transaction|"
-    r"server closed the connection|terminating connection|connection (is )?closed|"  # InnoDB's 1213, 1020 ask to restart
+    r"deadlock|lock wait timeout|lock request time out|could not connect|connection refused|"
+    r"try restarting transaction|server closed the connection|terminating connection|connection (is )?closed|"  # InnoDB 1020
     r"can't connect|lost connection|gone away|database is locked|timeout expired|the database system is",
     re.IGNORECASE,
 )

@@ -354,12 +354,12 @@ class QuarantineDesk:
     def _settle(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str,
                 target: str | None, ledger_reason: str | None) -> None:
         s = self.state
-        tconn.execute(sa.update(s.ledger).where(self._entry(q, self._origins.get(q["message_id"])))
+        origin = self._origins.pop(q["message_id"])  # the entry's, locked by _still_quarantined
+        tconn.execute(sa.update(s.ledger).where(self._entry(q, origin))
                       .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
                               at=naive_utc(utcnow())))
         moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1, (RELEASED, None): 1})
         moved[counted(outcome, ledger_reason)] += 1
-        origin = self._origins.pop(q["message_id"])
         s.totals.add(tconn, self.runner.job.name, q["queue"], origin, moved)
         self._settled.add((q["queue"], origin))
         self._audit(tconn, q, action, outcome, detail)

@@ -179,7 +179,7 @@ def main() -> None:
     done = threading.Event()
     committed, arrived, duplicates, held, code = measure(
         args.pg, (SRC, TGT), queue_table(QUEUE, SRC), MAPPING,
-        CONFIG.format(pg=args.pg, queue=QUEUE, tz="UTC", src=SRC, tgt=TGT), args.rate, args.seconds,
+        CONFIG.format(pg=args.pg, queue=QUEUE, tz="UTC", src=SRC, tgt=TGT, batch=bench.BATCH[0]), args.rate, args.seconds,
         lambda url, rate, seconds, c: writer(url, rate, seconds, c, done), observer)
     report(committed, arrived, duplicates, held, args.rate, code, "legacy commit to NServiceBus table")
     drop(args.pg, (SRC, TGT))

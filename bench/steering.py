@@ -46,7 +46,7 @@ def setup(url: str, work: Path, n: int, extra: str = "", mapping: str | None = N
     bench.sql(url, f'DROP SCHEMA IF EXISTS "{TGT}" CASCADE', f'CREATE SCHEMA "{TGT}"')
     (work / "mapping.toml").write_text(mapping or bench.MAPPING)
     cfg = work / "steer.toml"
-    cfg.write_text(bench.CONFIG.format(pg=url, queue=QUEUE, tz=bench.TZ, src=SRC, tgt=TGT) + extra)
+    cfg.write_text(bench.CONFIG.format(pg=url, queue=QUEUE, tz=bench.TZ, src=SRC, tgt=TGT, batch=bench.BATCH[0]) + extra)
     done = qbridge(work, cfg, "init")
     assert done.returncode == 0, done.stderr
     return cfg

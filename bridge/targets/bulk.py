@@ -110,7 +110,7 @@ def _copy(conn: sa.Connection, sql: str, send: Any) -> None:
         raise sa.exc.DBAPIError.instance(sql, None, e, dbapi.Error) from e
 
 
-def insert_in_any_charset(conn: sa.Connection, insert: Callable[[Callable[[str], str]], None], may_refuse: bool) -> None:
+def insert_in_any_charset(conn: sa.Connection, insert: Callable[[Callable[[str], str]], object], may_refuse: bool) -> None:
     """`insert(text)` with the texts as they are (`writable`), or, where the database's character
     set refuses one (a reverse job's books in a utf8mb3 or Latin-1 legacy database), in ASCII
     with escapes: a quarantined row and its reason are kept whatever they hold, never a batch

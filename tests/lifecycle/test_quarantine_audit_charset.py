@@ -1,0 +1,71 @@
+"""A replay or discard writes its audit row under a savepoint only where some text is not ASCII
+(bridge/lifecycle/quarantine.py, `_audit`): there the database's character set may refuse it and
+the row is kept in ASCII with escapes; an all-ASCII row goes in as it is, two round trips a
+message less. Both on a utf8mb3 legacy database, as many MariaDB/MySQL ones are, holding a
+reverse job's books."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from nsb_endpoint import Endpoint
+
+from bridge.commands.main import main as cli_main
+from bridge.demo.samples import create_nginn_queue
+from tests.review.test_issue45_review import REVERSE_NGINN
+
+
+@pytest.mark.mariadb
+def test_discard_audits_an_emoji_in_ascii_and_an_ascii_row_as_it_is(
+        tmp_path: Path, pg_server: str, pg_schema: str, mariadb_database: str) -> None:
+    legacy = sa.create_engine(mariadb_database)
+    database = sa.engine.make_url(mariadb_database).database
+    with legacy.begin() as conn:
+        conn.execute(sa.text(f"ALTER DATABASE `{database}` CHARACTER SET utf8mb3 COLLATE utf8mb3_general_ci"))
+    create_nginn_queue(legacy, "Sender")
+    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
+    config = tmp_path / "c.toml"
+    config.write_text(f"""
+[connections]
+nsb    = "{pg_server}"
+legacy = "{mariadb_database}"
+[[jobs]]
+name   = "to-legacy"
+source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Sender", "Other"] }}
+target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
+mapping = "reverse.toml"
+""")
+    assert cli_main(["init", "-c", str(config)]) == 0
+    nsb = sa.create_engine(pg_server)
+    ep = Endpoint(nsb, pg_schema, "Orders")
+    ep.send(ep.address("Sender"), ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send",
+                                             Tenant="acme \U0001f600"), b"{}")  # msg_headers (utf8mb3) refuses it
+    assert cli_main(["sync", "-c", str(config), "--once"]) == 0
+    with legacy.connect() as conn:
+        [mid] = conn.execute(sa.text("select message_id from qbridge_quarantine")).scalars().all()
+
+    # The kept raw row holds the emoji: the audit row's first insert is refused, its ASCII kept.
+    assert cli_main(["quarantine", "discard", "--id", mid, "--why", "tenant retired \u2014 ok", "-c", str(config)]) == 0
+    with legacy.connect() as conn:
+        rows = conn.execute(sa.text("select message_id, action, why, raw from qbridge_quarantine_audit")).all()
+        left = conn.execute(sa.text("select count(*) from qbridge_quarantine")).scalar_one()
+    assert left == 0
+    [(audited, action, why, raw)] = rows
+    assert (audited, action) == (mid, "discarded")
+    assert why == "tenant retired \\u2014 ok", why  # the fallback's escapes: not lost, not mangled
+    assert "\\ud83d\\ude00" in raw and raw.isascii(), raw
+
+    # An all-ASCII message's audit row needs no savepoint and is kept exactly.
+    ep.send(ep.address("Other"), ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send"), b"{}")  # no route
+    assert cli_main(["sync", "-c", str(config), "--once"]) == 0
+    with legacy.connect() as conn:
+        kept = conn.execute(sa.text("select message_id from qbridge_quarantine")).scalars().all()
+    nsb.dispose()
+    assert len(kept) == 1, kept
+    assert cli_main(["quarantine", "discard", "--id", kept[0], "--why", "plain why", "-c", str(config)]) == 0
+    with legacy.connect() as conn:
+        why2 = conn.execute(sa.text("select why from qbridge_quarantine_audit where message_id = :m"), {"m": kept[0]}).scalar_one()
+    legacy.dispose()
+    assert why2 == "plain why"

@@ -238,8 +238,9 @@ class QuarantineDesk:
             # under another id than the ledger's would let the message arrive twice.
             return failed(f"the message id computed now differs from the ledger's: did jobs[].source.database or "
                           f"the source URL change since it was quarantined? (it is {r.database!r} now); nothing done")
-        with r.target_engine.connect() as tconn:  # what the target reads once per batch (an OpenJMS store's destinations)
-            r.target.begin_batch(tconn)
+        if r.target.reads_per_batch:  # what the target reads once per batch (an OpenJMS store's destinations)
+            with r.target_engine.connect() as tconn:
+                r.target.begin_batch(tconn)
         _, result, reason = r.map_row(source, row, getattr(source, "translated_headers", frozenset()))
         # Move mode consumes the legacy row once the message is out, as a pass does: the target
         # commits first, with the key in the checkpoint's pending list, so that if this process
@@ -366,9 +367,8 @@ class QuarantineDesk:
         tconn.execute(sa.delete(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]))
 
     def _audit(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str) -> None:
-        """One audit row, in whatever character set the database has (as the quarantine row was
-        kept): under a savepoint only where some text is not ASCII, which every character set
-        stores (two round trips a message less for a replay of ASCII rows)."""
+        """One audit row in whatever character set the database has (as the quarantine row was
+        kept), under a savepoint only where a text is not ASCII, which every character set stores."""
         def values(text: Callable[[str], str]) -> dict[str, Any]:
             return {"at": naive_utc(utcnow()), "job": self.runner.job.name, "queue": q["queue"], "message_id": q["message_id"],
                     "source_key": q["source_key"], "action": action, "outcome": outcome, "actor": self.actor,

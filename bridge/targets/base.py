@@ -45,6 +45,12 @@ class Target:
         """Schema of qbridge's ledger, checkpoint and quarantine tables in this database."""
         raise NotImplementedError
 
+    @property
+    def reads_per_batch(self) -> bool:
+        """Whether `begin_batch` reads the target database: a replay connects for it before it
+        maps each message only where it does (OpenJMS, BizTalk)."""
+        return type(self).begin_batch is not Target.begin_batch
+
     def begin_batch(self, conn: sa.Connection) -> None:
         """Reads what `envelope` needs from the target database, once per batch (nothing by default)."""
 

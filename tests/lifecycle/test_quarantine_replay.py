@@ -230,3 +230,17 @@ def test_discard_after_the_source_identity_changed_still_settles_the_ledger_entr
     assert b.ledger() == {"skipped": 1}
     assert b.cli("quarantine", "list", "--json") == 0
     assert _out(capsys)["jobs"][0]["quarantined"] == []
+
+
+def test_a_replay_connects_before_it_maps_only_for_a_target_that_reads_per_batch() -> None:
+    """The connection a replay opens for `begin_batch` before mapping each message (an OpenJMS
+    store's destinations, a BizTalk staging table's check) is only opened where the target
+    overrides it: for the NServiceBus and NGinn targets it was a checkout and a ping a message."""
+    from bridge.targets.biztalk import BizTalkTarget
+    from bridge.targets.nginn import NGinnTarget
+    from bridge.targets.nservicebus import NServiceBusTarget
+    from bridge.targets.openjms import OpenJMSTarget
+
+    reads = {c.__name__: c.reads_per_batch.fget(object.__new__(c))  # type: ignore[attr-defined]
+             for c in (NServiceBusTarget, NGinnTarget, OpenJMSTarget, BizTalkTarget)}
+    assert reads == {"NServiceBusTarget": False, "NGinnTarget": False, "OpenJMSTarget": True, "BizTalkTarget": True}

@@ -303,7 +303,7 @@ def _groups(args: argparse.Namespace, where: QuarantineFilter) -> int:
 
 
 def _quarantine_history(args: argparse.Namespace) -> int:
-    from bridge.lifecycle.quarantine import audit_trail
+    from bridge.lifecycle.audit_trail import audit_trail
 
     _, runners = runners_of(args)
     jobs: list[dict[str, Any]] = []

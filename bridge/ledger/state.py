@@ -31,7 +31,7 @@ from bridge.ledger.ranges import Ranges, ranges_table
 from bridge.ledger.steering import SteeringBook, steering_audit_table, steering_table
 from bridge.ledger.totals import Totals, batch_counts, totals_table
 from bridge.model import LEDGER_KEY_MAX, pending_key
-from bridge.targets.bulk import insert_in_any_charset, insert_rows, insert_values
+from bridge.targets.bulk import insert_rows, insert_values, write_in_any_charset
 from bridge.timefmt import UTC, naive_utc, utcnow
 
 LEDGER = "qbridge_ledger"
@@ -326,7 +326,7 @@ class State:
                 return rows if lane is None else lane.ledger_rows(origin, job, queue, now, text) + rows
 
             not_ascii = any(e.reason and not e.reason.isascii() for e in each)
-            insert_in_any_charset(conn, lambda text: insert_values(conn, self.ledger, LEDGER_COLUMNS, ledger_rows(text)),
+            write_in_any_charset(conn, lambda text: insert_values(conn, self.ledger, LEDGER_COLUMNS, ledger_rows(text)),
                                   not_ascii or (lane is not None and lane.has_reason(lambda r: not r.isascii())))
             self.totals.add(conn, job, queue, origin,
                             entries.counts() if isinstance(entries, LaneEntries) else batch_counts(entries))
@@ -336,7 +336,7 @@ class State:
                          "reason": text(q.reason), "raw": raw_json(q.raw, ascii=text is ascii_text), "at": now,
                          "grp": group_of(job, queue, writable(q.reason))} for q in quarantined]
 
-            insert_in_any_charset(conn, lambda text: insert_rows(conn, self.quarantine, quarantine_rows(text)), True)
+            write_in_any_charset(conn, lambda text: insert_rows(conn, self.quarantine, quarantine_rows(text)), True)
 
     def counts(self, conn: sa.Connection, job: str, origins: Iterable[int]) -> dict[str, dict[str, int]]:
         """queue -> outcome -> count, for the job's queues `origins` name (from the totals, not the ledger)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import getpass
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,15 +26,15 @@ from bridge import faults, tracing
 from bridge.codecs.jsonsafe import ascii_text, raw_json, writable
 from bridge.db import unique_violation
 from bridge.ledger.failure_groups import group_of
-from bridge.ledger.state import QuarantineFilter, State
+from bridge.ledger.state import QuarantineFilter
 from bridge.ledger.totals import RELEASED, counted
 from bridge.lifecycle.replay_gate import Gate
 from bridge.model import message_id_for, queue_origin
 from bridge.pipeline.loop import JobRunner
 from bridge.pipeline.refusals import write_refusing
 from bridge.targets.base import Skipped
-from bridge.targets.bulk import insert_in_any_charset
-from bridge.timefmt import UTC, naive_utc, utcnow
+from bridge.targets.bulk import write_in_any_charset
+from bridge.timefmt import naive_utc, utcnow
 
 log = logging.getLogger("qbridge.quarantine")
 PAGE = 500  # quarantined rows (with their raw rows) read at a time by replay and discard
@@ -345,23 +345,34 @@ class QuarantineDesk:
                        "settled by someone else since it was listed; nothing done")
 
     def _still_failing(self, tconn: sa.Connection, q: dict[str, Any], reason: str) -> None:
+        """The new reason, kept as the audit row is: in ASCII with escapes where the books'
+        character set refuses it (an emoji in a type name, utf8mb3 books)."""
         s = self.state
-        tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"])
-                      .values(reason=reason, grp=group_of(self.runner.job.name, q["queue"], reason)))
         entry = self._entry(q, self._origins.pop(q["message_id"], None))  # locked by _still_quarantined
-        tconn.execute(sa.update(s.ledger).where(entry).values(reason=reason[:500]))
+
+        def books(text: Callable[[str], str]) -> None:
+            tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"])
+                          .values(reason=text(reason), grp=group_of(self.runner.job.name, q["queue"], reason)))
+            tconn.execute(sa.update(s.ledger).where(entry).values(reason=text(reason)[:500]))
+
+        write_in_any_charset(tconn, books, not reason.isascii())
         self._audit(tconn, q, "replay-failed", "quarantined", reason)
 
     def _settle(self, tconn: sa.Connection, q: dict[str, Any], action: str, outcome: str, detail: str,
                 target: str | None, ledger_reason: str | None) -> None:
         s = self.state
         origin = self._origins.pop(q["message_id"])  # the entry's, locked by _still_quarantined
-        tconn.execute(sa.update(s.ledger).where(self._entry(q, origin))
-                      .values(outcome=outcome, target=target, reason=ledger_reason and ledger_reason[:500],
-                              at=naive_utc(utcnow())))
-        moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1, (RELEASED, None): 1})
-        moved[counted(outcome, ledger_reason)] += 1
-        s.totals.add(tconn, self.runner.job.name, q["queue"], origin, moved)
+        entry = self._entry(q, origin)
+
+        def books(text: Callable[[str], str]) -> None:  # a discard's why, kept in any character set
+            why = ledger_reason and text(ledger_reason)[:500]
+            tconn.execute(sa.update(s.ledger).where(entry).values(outcome=outcome, target=target, reason=why,
+                                                                  at=naive_utc(utcnow())))
+            moved: Counter[tuple[str, str | None]] = Counter({("quarantined", None): -1, (RELEASED, None): 1})
+            moved[counted(outcome, why)] += 1
+            s.totals.add(tconn, self.runner.job.name, q["queue"], origin, moved)
+
+        write_in_any_charset(tconn, books, not (ledger_reason or "").isascii())
         self._settled.add((q["queue"], origin))
         self._audit(tconn, q, action, outcome, detail)
         tconn.execute(sa.delete(s.quarantine).where(s.quarantine.c.message_id == q["message_id"]))
@@ -379,22 +390,6 @@ class QuarantineDesk:
 
         first = values(writable)
         not_ascii = any(isinstance(v, str) and not v.isascii() for v in first.values())
-        insert_in_any_charset(tconn, lambda text: tconn.execute(sa.insert(self.state.audit).values(
+        write_in_any_charset(tconn, lambda text: tconn.execute(sa.insert(self.state.audit).values(
             first if text is writable else values(text))), not_ascii)
 
-
-def audit_trail(state: State, conn: sa.Connection, job: str, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """What was done to a job's quarantined messages, oldest first (raw rows left out)."""
-    a = state.audit
-    if not sa.inspect(conn).has_table(a.name, schema=a.schema):
-        return []  # created by the first replay or discard
-    stmt = sa.select(*(c for c in a.c if c.name not in ("raw", "id"))).where(a.c.job == job).order_by(a.c.at, a.c.id)
-    if ids is not None:
-        stmt = stmt.where(a.c.message_id.in_(list(ids)))
-    out = []
-    for r in conn.execute(stmt).mappings():
-        row = {str(k): v for k, v in r.items()}
-        for k in ("at", "quarantined_at"):
-            row[k] = row[k].replace(tzinfo=UTC).isoformat()
-        out.append(row)
-    return out

@@ -110,16 +110,17 @@ def _copy(conn: sa.Connection, sql: str, send: Any) -> None:
         raise sa.exc.DBAPIError.instance(sql, None, e, dbapi.Error) from e
 
 
-def insert_in_any_charset(conn: sa.Connection, insert: Callable[[Callable[[str], str]], object], may_refuse: bool) -> None:
-    """`insert(text)` with the texts as they are (`writable`), or, where the database's character
-    set refuses one (a reverse job's books in a utf8mb3 or Latin-1 legacy database), in ASCII
-    with escapes: a quarantined row and its reason are kept whatever they hold, never a batch
-    rolled back for them. The savepoint is only taken where a text is not ASCII."""
+def write_in_any_charset(conn: sa.Connection, write: Callable[[Callable[[str], str]], object], may_refuse: bool) -> None:
+    """`write(text)` (inserts or updates) with the texts as they are (`writable`), or, where the
+    database's character set refuses one (a reverse job's books in a utf8mb3 or Latin-1 legacy
+    database), in ASCII with escapes: a quarantined row, its reasons and its audit rows are kept
+    whatever they hold, never a batch or a replay rolled back for them. `may_refuse`: some text
+    is not ASCII; only then is the first try under a savepoint."""
     if not may_refuse:
-        insert(writable)
+        write(writable)
         return
     try:
         with conn.begin_nested():
-            insert(writable)
+            write(writable)
     except sa_exc.DataError:
-        insert(ascii_text)
+        write(ascii_text)

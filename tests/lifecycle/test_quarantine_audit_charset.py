@@ -69,3 +69,65 @@ mapping = "reverse.toml"
         why2 = conn.execute(sa.text("select why from qbridge_quarantine_audit where message_id = :m"), {"m": kept[0]}).scalar_one()
     legacy.dispose()
     assert why2 == "plain why"
+
+
+@pytest.mark.mariadb
+def test_a_discard_or_a_failed_replay_with_text_the_books_refuse_still_settles(
+        tmp_path: Path, pg_server: str, pg_schema: str, mariadb_database: str) -> None:
+    """The reasons a discard and a replay that fails again write into the ledger entry and the
+    quarantine row take the audit row's fallback too: before, on utf8mb3 books an operator's
+    `--why` with an emoji (1366 on qbridge_ledger.reason) or a new reason naming a type with one
+    failed the command, and the message could not be settled (review of helper-42)."""
+    legacy = sa.create_engine(mariadb_database)
+    database = sa.engine.make_url(mariadb_database).database
+    with legacy.begin() as conn:
+        conn.execute(sa.text(f"ALTER DATABASE `{database}` CHARACTER SET utf8mb3 COLLATE utf8mb3_general_ci"))
+    create_nginn_queue(legacy, "Sender")
+    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
+    config = tmp_path / "c.toml"
+    config.write_text(f"""
+[connections]
+nsb    = "{pg_server}"
+legacy = "{mariadb_database}"
+[[jobs]]
+name   = "to-legacy"
+source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Other"] }}
+target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
+mapping = "reverse.toml"
+""")
+    assert cli_main(["init", "-c", str(config)]) == 0
+    nsb = sa.create_engine(pg_server)
+    ep = Endpoint(nsb, pg_schema, "Orders")
+    for kind in ("Orders.Messages.Paczka\U0001f4e6, Orders.Messages", "Orders.Messages.OrderAccepted, Orders.Messages"):
+        ep.send(ep.address("Other"), ep.headers(kind, "Send"), b"{}")  # no route for the queue
+    assert cli_main(["sync", "-c", str(config), "--once"]) == 0
+    nsb.dispose()
+
+    def kept() -> list[str]:
+        with legacy.connect() as conn:
+            return list(conn.execute(sa.text("select message_id from qbridge_quarantine")).scalars())
+
+    with legacy.connect() as conn:
+        by_type = {("emoji" if "U0001f4e6" in reason else "plain"): mid for mid, reason in
+                   conn.execute(sa.text("select message_id, reason from qbridge_quarantine"))}
+    assert set(by_type) == {"emoji", "plain"}, by_type  # the first reason kept escaped (issue 45)
+
+    # Replayed, still no route: its new reason names the type, which utf8mb3 stores only escaped.
+    mid = by_type["emoji"]
+    assert cli_main(["quarantine", "replay", "--id", mid, "-c", str(config)]) == 1  # it failed again, and says so
+    with legacy.connect() as conn:
+        reason = conn.execute(sa.text("select reason from qbridge_quarantine where message_id = :m"),
+                              {"m": mid}).scalar_one()
+        action = conn.execute(sa.text("select action from qbridge_quarantine_audit where message_id = :m"),
+                              {"m": mid}).scalar_one()
+    assert "Paczka\\U0001f4e6" in reason and action == "replay-failed", reason
+
+    # Discarded with an emoji in why: settled, the ledger's reason and the audit row escaped.
+    assert cli_main(["quarantine", "discard", "--id", by_type["plain"], "--why", "gone \U0001f600", "--by", "bob",
+                     "-c", str(config)]) == 0
+    assert kept() == [mid]
+    with legacy.connect() as conn:
+        outcome, why = conn.execute(sa.text("select outcome, reason from qbridge_ledger where message_id = :m"),
+                                    {"m": by_type["plain"]}).one()
+    legacy.dispose()
+    assert outcome == "skipped" and why == "discarded by bob: gone \\U0001f600", why

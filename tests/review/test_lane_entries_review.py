@@ -268,7 +268,7 @@ def test_guard_biztalk_lane_per_message_ledger_with_a_non_ascii_skip_rule_is_the
     """PASSES. A scan source's lane (BizTalk: per-message ledger, no ranges) with a [[skip]] rule
     whose name is not ASCII: a drain whose lane takes every batch it can and one with the lane
     off leave the same ledger rows (key, id, outcome, target, reason), the same totals and the same
-    transport rows; the skip reason is written as it is (insert_in_any_charset's savepoint path)."""
+    transport rows; the skip reason is written as it is (write_in_any_charset's savepoint path)."""
     from datetime import datetime
 
     from tests.systems.test_biztalk_source import MAPPING, SMALL, fx, make_bt

@@ -352,7 +352,7 @@ class QuarantineDesk:
 
         def books(text: Callable[[str], str]) -> None:
             tconn.execute(sa.update(s.quarantine).where(s.quarantine.c.message_id == q["message_id"])
-                          .values(reason=text(reason), grp=group_of(self.runner.job.name, q["queue"], reason)))
+                          .values(reason=text(reason), grp=group_of(self.runner.job.name, q["queue"], writable(reason))))
             tconn.execute(sa.update(s.ledger).where(entry).values(reason=text(reason)[:500]))
 
         write_in_any_charset(tconn, books, not reason.isascii())

@@ -115,12 +115,14 @@ def write_in_any_charset(conn: sa.Connection, write: Callable[[Callable[[str], s
     database's character set refuses one (a reverse job's books in a utf8mb3 or Latin-1 legacy
     database), in ASCII with escapes: a quarantined row, its reasons and its audit rows are kept
     whatever they hold, never a batch or a replay rolled back for them. `may_refuse`: some text
-    is not ASCII; only then is the first try under a savepoint."""
+    is not ASCII; only then is the first try under a savepoint. The refusal is the server's (a
+    DataError) or, where the connection's client encoding is the database's own (psycopg on a
+    LATIN1 PostgreSQL database), the driver's UnicodeEncodeError before anything is sent."""
     if not may_refuse:
         write(writable)
         return
     try:
         with conn.begin_nested():
             write(writable)
-    except sa_exc.DataError:
+    except (sa_exc.DataError, UnicodeEncodeError):
         write(ascii_text)

@@ -20,13 +20,14 @@ import sqlalchemy as sa
 from bridge.codecs.echo import ECHO_HEADER
 from bridge.codecs.openjms_blob import BlobError, JmsMessage, decode
 from bridge.config import JobConfig
-from bridge.db import among, binary_rows
+from bridge.db import binary_rows
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
 from bridge.sources import openjms_giveback, plain_lane
 from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows, tuple_after
 from bridge.sources.openjms_values import CONTENT_TYPES, DEFAULT_TYPES, epoch_ms, json_value, property_text
+from bridge.text_in import among
 from bridge.timefmt import UTC, utcnow
 
 

@@ -1,5 +1,5 @@
 """Review of commit 7bfecf7 (issue 49): the PostgreSQL ledger lookup under
-`SET LOCAL random_page_cost = 1.1` ... `TO DEFAULT`, and `bridge.db.among` (OpenJMS's message
+`SET LOCAL random_page_cost = 1.1` ... `TO DEFAULT`, and `bridge.text_in.among` (OpenJMS's message
 ids as one text the server splits).
 
 Failing first (findings):
@@ -22,9 +22,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from bridge.db import TEXT_SEPARATOR, among
 from bridge.ledger.ledger_lookup import entries
 from bridge.ledger.state import ledger_table
+from bridge.text_in import TEXT_SEPARATOR, among
 
 
 @pytest.fixture()
@@ -125,8 +125,7 @@ def test_a_failed_lookup_leaves_the_setting_to_the_rollback(ledger) -> None:
     new transaction) has the default again; the error is the SELECT's, not the restore's."""
     engine, table = ledger
     with engine.connect() as conn:
-        conn.exec_driver_sql("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE".format(
-            engine.dialect.identifier_preparer.format_table(table)))  # held by this conn: a second one waits
+        conn.exec_driver_sql(f"LOCK TABLE {engine.dialect.identifier_preparer.format_table(table)} IN ACCESS EXCLUSIVE MODE")  # held by this conn: a second one waits
         with engine.connect() as other:
             other.exec_driver_sql("SET LOCAL statement_timeout = 200")
             with pytest.raises(sa_exc.OperationalError) as caught:  # 57014: retryable

@@ -9,8 +9,8 @@ from functools import lru_cache
 import sqlalchemy as sa
 
 from bridge.db import by_index
-from bridge.text_in import TEXT_SEPARATOR as KEY_SEPARATOR
-from bridge.text_in import among, among_text, joined
+from bridge.schemas.text_in import TEXT_SEPARATOR as KEY_SEPARATOR
+from bridge.schemas.text_in import among, among_text, joined
 
 __all__ = ["KEY_SEPARATOR", "entries"]
 
@@ -22,7 +22,7 @@ def entries(conn: sa.Connection, ledger: sa.Table, origin: int, keys: Sequence[s
     if conn.dialect.name == "postgresql":
         # By the ledger's key (bridge.db.by_index): a batch's keys are neighbours in it (scan
         # sources walk in the ledger's order), and the planner read every entry of the queue.
-        # The keys as one text the server splits (bridge.text_in.among): psycopg dumps a text[] element
+        # The keys as one text the server splits (bridge.schemas.text_in.among): psycopg dumps a text[] element
         # by element in Python, ~12 µs a key (12 ms a 1000-key batch, issue 49); one text, under 1.
         # Where a key holds the separator: an IN list, still by the key.
         text = joined(keys)

@@ -11,8 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bridge.schemas.text_in import among
 from bridge.sources.base import dict_rows
-from bridge.text_in import among
 
 # A key as BizTalkSource.key_of_row spells it: queue, message id, instance id, as str(UUID) does.
 _SPELLED = re.compile(r"[QS]:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}:"

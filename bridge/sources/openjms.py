@@ -24,10 +24,10 @@ from bridge.db import binary_rows
 from bridge.errors import BadRow, SourceSchemaError
 from bridge.model import CanonicalMessage, PlainMessage
 from bridge.schemas.openjms import SCHEMA_VERSION, is_queue, tables
+from bridge.schemas.text_in import among
 from bridge.sources import openjms_giveback, plain_lane
 from bridge.sources.base import ScanSource, SourceRow, Subscription, dict_rows, tuple_after
 from bridge.sources.openjms_values import CONTENT_TYPES, DEFAULT_TYPES, epoch_ms, json_value, property_text
-from bridge.text_in import among
 from bridge.timefmt import UTC, utcnow
 
 

@@ -1,4 +1,4 @@
-"""`bridge.text_in.among`: `column IN values` as one text PostgreSQL splits (issue 49), the IN list
+"""`bridge.schemas.text_in.among`: `column IN values` as one text PostgreSQL splits (issue 49), the IN list
 elsewhere and for a value that holds the separator; the same rows either way."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from bridge.text_in import TEXT_SEPARATOR, among
+from bridge.schemas.text_in import TEXT_SEPARATOR, among
 
 VALUES = ["ID:a-1", "ID:a-2", "ID:b'3", "ID:ü-4", ""]
 

@@ -24,10 +24,10 @@ import sqlalchemy as sa
 
 from bridge.codecs.biztalk import decode_context
 from bridge.db import binary_rows, by_index
+from bridge.schemas.text_in import among
 from bridge.sources import biztalk as biztalk_module
 from bridge.sources import openjms as openjms_module
 from bridge.sources.biztalk import header_text, short_name
-from bridge.text_in import among
 from tests.systems.test_biztalk_source import FRAGMENTED, SMALL, BizTalk, fx, make_bt
 from tests.systems.test_openjms_source import FIXTURES as JMS_FIXTURES
 from tests.systems.test_openjms_source import QUEUE_ID, TOPIC_ID, Jms, blob, make_jms

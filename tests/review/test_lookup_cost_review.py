@@ -1,5 +1,5 @@
 """Review of commit 7bfecf7 (issue 49): the PostgreSQL ledger lookup under
-`SET LOCAL random_page_cost = 1.1` ... `TO DEFAULT`, and `bridge.text_in.among` (OpenJMS's message
+`SET LOCAL random_page_cost = 1.1` ... `TO DEFAULT`, and `bridge.schemas.text_in.among` (OpenJMS's message
 ids as one text the server splits).
 
 Failing first (findings):
@@ -24,7 +24,7 @@ from sqlalchemy import exc as sa_exc
 
 from bridge.ledger.ledger_lookup import entries
 from bridge.ledger.state import ledger_table
-from bridge.text_in import TEXT_SEPARATOR, among
+from bridge.schemas.text_in import TEXT_SEPARATOR, among
 
 
 @pytest.fixture()

@@ -189,6 +189,8 @@ def is_retryable(error: BaseException) -> bool:
     """True for a database that is down or restarting, a deadlock, a lock or statement timeout."""
     if isinstance(error, RetryableError):
         return True
+    if (cause := _rolled_back_for(error)) is not None:
+        return is_retryable(cause)
     if driver_not_installed(error) or waiting_cannot_fix(error):  # waiting does not install a driver either
         return False
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
@@ -203,8 +205,28 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, (ConnectionError, TimeoutError))
 
 
+def _rolled_back_for(error: BaseException) -> sa_exc.DBAPIError | None:
+    """The error a failed rollback to a savepoint was rolling back for: a deadlock's victim is
+    rolled back whole by InnoDB (then 1305, "SAVEPOINT ... does not exist") and SQL Server (1205,
+    then 3903), so the rollback's own error is raised with the deadlock as its context."""
+    if not isinstance(error, sa_exc.DBAPIError) or not (error.statement or "").upper().startswith(
+            ("ROLLBACK TO SAVEPOINT", "ROLLBACK TRANSACTION")):
+        return None
+    cause = error.__context__
+    while cause is not None and not isinstance(cause, sa_exc.DBAPIError):  # the driver's own error of the rollback
+        cause = cause.__context__
+    return cause if isinstance(cause, sa_exc.DBAPIError) else None
+
+
+def cause_of(error: Exception) -> Exception:
+    """What to tell of `error`: the deadlock, not the failed savepoint rollback it led to."""
+    return _rolled_back_for(error) or error
+
+
 def waiting_cannot_fix(error: BaseException) -> bool:
     """A database error that stays until someone changes the database or the config (_FATAL_SQLSTATES)."""
+    if (cause := _rolled_back_for(error)) is not None:
+        return waiting_cannot_fix(cause)
     if not isinstance(error, sa_exc.DBAPIError):
         return False
     state = sqlstate(error)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from bridge.db import is_retryable
+from bridge.db import cause_of, is_retryable
 
 T = TypeVar("T")
 log = logging.getLogger("qbridge.retry")
@@ -49,9 +49,10 @@ def with_backoff(
                 attempt, delay = fresh()  # a batch committed since the last failure
             if not is_retryable(e) or attempt >= attempts:
                 raise
-            reason = str(getattr(e, "orig", None) or e).strip().splitlines()
+            told = cause_of(e)
+            reason = str(getattr(told, "orig", None) or told).strip().splitlines()
             log.warning("%s failed (%s); attempt %d of %d, retrying in %.1fs",
-                        what, reason[0] if reason else type(e).__name__, attempt, attempts, delay)
+                        what, reason[0] if reason else type(told).__name__, attempt, attempts, delay)
             sleep(delay)
             delay = 1.0 if delay < 1.0 else min(delay * 2, max_delay)
             attempt += 1

@@ -22,7 +22,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from bridge import tracing
-from bridge.db import is_retryable, waiting_cannot_fix
+from bridge.db import cause_of, is_retryable, waiting_cannot_fix
 from bridge.errors import BridgeError, SetupError
 from bridge.ledger import job_state
 from bridge.ledger.joblock import IDENTITY, JobLock, LockLost
@@ -195,6 +195,7 @@ class JobWorker:
             raise LockLost(self.name)
 
     def _failed(self, e: Exception) -> None:
+        e = cause_of(e)  # a deadlock, not the savepoint rollback it made fail
         if not isinstance(e, BridgeError) and waiting_cannot_fix(e):  # a table gone, a login refused: stop, say why
             e = SetupError(str(getattr(e, "orig", None) or e).strip())
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()

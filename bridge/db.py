@@ -52,6 +52,8 @@ _FATAL_MESSAGES = re.compile(
     r"permission denied|unknown database|access denied for user|login failed|no such table|no such column",
     re.IGNORECASE,
 )
+_SAVEPOINT_GONE = re.compile(r"savepoint \S+ does not exist|no corresponding begin transaction|"
+                            r"no transaction or savepoint of that name", re.IGNORECASE)  # 1305; 3903, 6401
 _DRIVER_NOT_FOUND = re.compile(r"can't open lib|data source name not found|driver.*not (found|installed)", re.IGNORECASE)
 
 
@@ -189,8 +191,8 @@ def is_retryable(error: BaseException) -> bool:
     """True for a database that is down or restarting, a deadlock, a lock or statement timeout."""
     if isinstance(error, RetryableError):
         return True
-    if (cause := _rolled_back_for(error)) is not None:
-        return is_retryable(cause)
+    if (cause := _rolled_back_for(error)) is not None and is_retryable(cause):
+        return True
     if driver_not_installed(error) or waiting_cannot_fix(error):  # waiting does not install a driver either
         return False
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
@@ -206,11 +208,13 @@ def is_retryable(error: BaseException) -> bool:
 
 
 def _rolled_back_for(error: BaseException) -> sa_exc.DBAPIError | None:
-    """The error a failed rollback to a savepoint was rolling back for: a deadlock's victim is
-    rolled back whole by InnoDB (then 1305, "SAVEPOINT ... does not exist") and SQL Server (1205,
-    then 3903), so the rollback's own error is raised with the deadlock as its context."""
+    """The error a rollback to a savepoint was rolling back for, where that rollback failed because
+    the savepoint was gone: a deadlock's victim is rolled back whole by InnoDB (then 1305,
+    "SAVEPOINT ... does not exist") and SQL Server (1205, then 3903), so the rollback's own error
+    is raised with the deadlock as its context. Not where the rollback failed for a reason of its
+    own (a connection cut): that error is judged as it is (tests/review/test_savepoint_retry_review.py)."""
     if not isinstance(error, sa_exc.DBAPIError) or not (error.statement or "").upper().startswith(
-            ("ROLLBACK TO SAVEPOINT", "ROLLBACK TRANSACTION")):
+            ("ROLLBACK TO SAVEPOINT", "ROLLBACK TRANSACTION")) or not _SAVEPOINT_GONE.search(str(error.orig)):
         return None
     cause = error.__context__
     while cause is not None and not isinstance(cause, sa_exc.DBAPIError):  # the driver's own error of the rollback

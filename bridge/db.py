@@ -52,8 +52,9 @@ _FATAL_MESSAGES = re.compile(
     r"permission denied|unknown database|access denied for user|login failed|no such table|no such column",
     re.IGNORECASE,
 )
-_SAVEPOINT_GONE = re.compile(r"savepoint \S+ does not exist|no corresponding begin transaction|"
-                            r"no transaction or savepoint of that name", re.IGNORECASE)  # 1305; 3903, 6401
+# MariaDB's 1305, SQL Server's 3903 and 6401, by number too: their words come in the server's language.
+_SAVEPOINT_GONE = re.compile(r"\((?:1305|3903|6401)\)|savepoint \S+ does not exist|no corresponding begin transaction|"
+                            r"no transaction or savepoint of that name", re.IGNORECASE)
 _DRIVER_NOT_FOUND = re.compile(r"can't open lib|data source name not found|driver.*not (found|installed)", re.IGNORECASE)
 
 
@@ -223,8 +224,10 @@ def _rolled_back_for(error: BaseException) -> sa_exc.DBAPIError | None:
 
 
 def cause_of(error: Exception) -> Exception:
-    """What to tell of `error`: the deadlock, not the failed savepoint rollback it led to."""
-    return _rolled_back_for(error) or error
+    """What to tell of `error`: the deadlock, not the failed savepoint rollback it led to (as
+    is_retryable judges it: by its cause where that is retryable)."""
+    cause = _rolled_back_for(error)
+    return cause if cause is not None and is_retryable(cause) else error
 
 
 def waiting_cannot_fix(error: BaseException) -> bool:

@@ -13,31 +13,15 @@ import sqlalchemy as sa
 from nsb_endpoint import Endpoint
 
 from bridge.commands.main import main as cli_main
-from bridge.demo.samples import create_nginn_queue
-from tests.review.test_issue45_review import REVERSE_NGINN
+from tests.review.test_issue45_review import reverse_nginn_job, utf8mb3
 
 
 @pytest.mark.mariadb
 def test_discard_audits_an_emoji_in_ascii_and_an_ascii_row_as_it_is(
         tmp_path: Path, pg_server: str, pg_schema: str, mariadb_database: str) -> None:
+    utf8mb3(mariadb_database)
+    config = reverse_nginn_job(tmp_path, pg_server, pg_schema, mariadb_database, ["Sender", "Other"])
     legacy = sa.create_engine(mariadb_database)
-    database = sa.engine.make_url(mariadb_database).database
-    with legacy.begin() as conn:
-        conn.execute(sa.text(f"ALTER DATABASE `{database}` CHARACTER SET utf8mb3 COLLATE utf8mb3_general_ci"))
-    create_nginn_queue(legacy, "Sender")
-    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
-    config = tmp_path / "c.toml"
-    config.write_text(f"""
-[connections]
-nsb    = "{pg_server}"
-legacy = "{mariadb_database}"
-[[jobs]]
-name   = "to-legacy"
-source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Sender", "Other"] }}
-target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
-mapping = "reverse.toml"
-""")
-    assert cli_main(["init", "-c", str(config)]) == 0
     nsb = sa.create_engine(pg_server)
     ep = Endpoint(nsb, pg_schema, "Orders")
     ep.send(ep.address("Sender"), ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send",
@@ -78,24 +62,9 @@ def test_a_discard_or_a_failed_replay_with_text_the_books_refuse_still_settles(
     quarantine row take the audit row's fallback too: before, on utf8mb3 books an operator's
     `--why` with an emoji (1366 on qbridge_ledger.reason) or a new reason naming a type with one
     failed the command, and the message could not be settled (review of helper-42)."""
+    utf8mb3(mariadb_database)
+    config = reverse_nginn_job(tmp_path, pg_server, pg_schema, mariadb_database, ["Other"])
     legacy = sa.create_engine(mariadb_database)
-    database = sa.engine.make_url(mariadb_database).database
-    with legacy.begin() as conn:
-        conn.execute(sa.text(f"ALTER DATABASE `{database}` CHARACTER SET utf8mb3 COLLATE utf8mb3_general_ci"))
-    create_nginn_queue(legacy, "Sender")
-    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
-    config = tmp_path / "c.toml"
-    config.write_text(f"""
-[connections]
-nsb    = "{pg_server}"
-legacy = "{mariadb_database}"
-[[jobs]]
-name   = "to-legacy"
-source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Other"] }}
-target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
-mapping = "reverse.toml"
-""")
-    assert cli_main(["init", "-c", str(config)]) == 0
     nsb = sa.create_engine(pg_server)
     ep = Endpoint(nsb, pg_schema, "Orders")
     for kind in ("Orders.Messages.Paczka\U0001f4e6, Orders.Messages", "Orders.Messages.OrderAccepted, Orders.Messages"):

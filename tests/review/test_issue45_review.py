@@ -5,6 +5,7 @@ queue, each failing before its fix, and the interleavings checked and found soun
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -220,6 +221,39 @@ REVERSE_NGINN = """
 """
 
 
+def utf8mb3(mariadb_url: str) -> None:
+    """The MariaDB database of `mariadb_url` made utf8mb3, as many legacy MariaDB/MySQL ones are."""
+    engine = sa.create_engine(mariadb_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER DATABASE `{sa.engine.make_url(mariadb_url).database}` "
+                             "CHARACTER SET utf8mb3 COLLATE utf8mb3_general_ci"))
+    engine.dispose()
+
+
+def reverse_nginn_job(tmp_path: Path, pg_server: str, pg_schema: str, legacy_url: str, queues: list[str]) -> Path:
+    """A reverse job from the NServiceBus proxy `queues` in `pg_schema` into NGinn's "Sender" on
+    `legacy_url`, whose database then holds qbridge's books; `init` run. Its config's path."""
+    from bridge.demo.samples import create_nginn_queue
+
+    legacy = sa.create_engine(legacy_url)
+    create_nginn_queue(legacy, "Sender")
+    legacy.dispose()
+    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
+    config = tmp_path / "c.toml"
+    config.write_text(f"""
+[connections]
+nsb    = "{pg_server}"
+legacy = "{legacy_url}"
+[[jobs]]
+name   = "to-legacy"
+source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = {json.dumps(queues)} }}
+target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
+mapping = "reverse.toml"
+""")
+    assert cli_main(["init", "-c", str(config)]) == 0
+    return config
+
+
 @pytest.mark.mariadb
 def test_a_value_a_utf8mb3_legacy_database_refuses_costs_its_row_not_the_batch(
         tmp_path: Path, pg_server: str, pg_schema: str, mariadb_database: str) -> None:
@@ -230,26 +264,9 @@ def test_a_value_a_utf8mb3_legacy_database_refuses_costs_its_row_not_the_batch(
     raw row (and its parsed headers) as JSON with the emoji as it is, written by
     State.record outside any savepoint: refused again, the batch rolls back, and the next
     pass reads the same head of the proxy queue. The queue is stalled for good."""
-    from bridge.demo.samples import create_nginn_queue
-
+    utf8mb3(mariadb_database)
+    config = reverse_nginn_job(tmp_path, pg_server, pg_schema, mariadb_database, ["Sender"])
     legacy = sa.create_engine(mariadb_database)
-    database = sa.engine.make_url(mariadb_database).database
-    with legacy.begin() as conn:
-        conn.execute(sa.text(f"ALTER DATABASE `{database}` CHARACTER SET utf8mb3 COLLATE utf8mb3_general_ci"))
-    create_nginn_queue(legacy, "Sender")
-    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
-    config = tmp_path / "c.toml"
-    config.write_text(f"""
-[connections]
-nsb    = "{pg_server}"
-legacy = "{mariadb_database}"
-[[jobs]]
-name   = "to-legacy"
-source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Sender"] }}
-target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
-mapping = "reverse.toml"
-""")
-    assert cli_main(["init", "-c", str(config)]) == 0
     nsb = sa.create_engine(pg_server)
     ep = Endpoint(nsb, pg_schema, "Orders")
     for tenant in ("acme", "acme \U0001f600", "acme"):

@@ -10,8 +10,6 @@ FAILS at 14bda14."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,43 +17,14 @@ import sqlalchemy as sa
 from nsb_endpoint import Endpoint
 
 from bridge.commands.main import main as cli_main
-from bridge.demo.samples import create_nginn_queue
-from tests.review.test_issue45_review import REVERSE_NGINN
-
-
-@pytest.fixture()
-def latin1_legacy(pg_server: str) -> Iterator[str]:
-    name = f"qb_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(pg_server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f"CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"))
-    try:
-        yield pg_server.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        from bridge.db import dispose_all
-        dispose_all()
-        with admin.connect() as conn:
-            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+from tests.review.test_adbc_read_ahead_review import latin1_db  # noqa: F401 - a pytest fixture
+from tests.review.test_issue45_review import reverse_nginn_job
 
 
 def test_discard_with_an_emoji_why_settles_on_a_latin1_postgresql_legacy_database(
-        tmp_path: Path, pg_server: str, pg_schema: str, latin1_legacy: str) -> None:
-    legacy = sa.create_engine(latin1_legacy)
-    create_nginn_queue(legacy, "Sender")
-    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
-    config = tmp_path / "c.toml"
-    config.write_text(f"""
-[connections]
-nsb    = "{pg_server}"
-legacy = "{latin1_legacy}"
-[[jobs]]
-name   = "to-legacy"
-source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Other"] }}
-target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
-mapping = "reverse.toml"
-""")
-    assert cli_main(["init", "-c", str(config)]) == 0
+        tmp_path: Path, pg_server: str, pg_schema: str, latin1_db: str) -> None:
+    config = reverse_nginn_job(tmp_path, pg_server, pg_schema, latin1_db, ["Other"])
+    legacy = sa.create_engine(latin1_db)
     nsb = sa.create_engine(pg_server)
     ep = Endpoint(nsb, pg_schema, "Orders")
     ep.send(ep.address("Other"), ep.headers("Orders.Messages.OrderAccepted, Orders.Messages", "Send"), b"{}")  # no route
@@ -78,24 +47,11 @@ mapping = "reverse.toml"
 
 
 def test_a_pass_quarantines_a_message_whose_reason_latin1_cannot_hold_on_a_postgresql_legacy_database(
-        tmp_path: Path, pg_server: str, pg_schema: str, latin1_legacy: str) -> None:
+        tmp_path: Path, pg_server: str, pg_schema: str, latin1_db: str) -> None:
     """The pass's own quarantine rows (a COPY on PostgreSQL) take the same fallback: a reason
     naming a type with an emoji is kept escaped, not the pass failed on a UnicodeEncodeError."""
-    legacy = sa.create_engine(latin1_legacy)
-    create_nginn_queue(legacy, "Sender")
-    (tmp_path / "reverse.toml").write_text(REVERSE_NGINN)
-    config = tmp_path / "c.toml"
-    config.write_text(f"""
-[connections]
-nsb    = "{pg_server}"
-legacy = "{latin1_legacy}"
-[[jobs]]
-name   = "to-legacy"
-source = {{ system = "nservicebus", connection = "nsb", flavor = "postgresql", schema = "{pg_schema}", queues = ["Other"] }}
-target = {{ system = "nginn", connection = "legacy", timezone = "Europe/Warsaw", alias = "db" }}
-mapping = "reverse.toml"
-""")
-    assert cli_main(["init", "-c", str(config)]) == 0
+    config = reverse_nginn_job(tmp_path, pg_server, pg_schema, latin1_db, ["Other"])
+    legacy = sa.create_engine(latin1_db)
     nsb = sa.create_engine(pg_server)
     ep = Endpoint(nsb, pg_schema, "Orders")
     ep.send(ep.address("Other"), ep.headers("Orders.Messages.Paczka\U0001f4e6, Orders.Messages", "Send"), b"{}")
